@@ -1,0 +1,38 @@
+"""bertforge: BERT pretraining and fine-tuning in modern PyTorch, with Hugging Face checkpoints natively.
+
+The model classes are exported lazily (PEP 562) so that ``import bertforge`` (and with it every
+command-line call, ``--help`` included) does not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "BertConfig": "bertforge.models.config",
+    "BertModel": "bertforge.models.bert",
+    "BertForPreTraining": "bertforge.models.heads",
+    "BertForMaskedLM": "bertforge.models.heads",
+    "BertForQuestionAnswering": "bertforge.models.heads",
+    "BertForSequenceClassification": "bertforge.models.heads",
+    "BertForMultipleChoice": "bertforge.models.heads",
+    "BertForTokenClassification": "bertforge.models.heads",
+    "convert_nvidia_checkpoint": "bertforge.convert",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # cache: later lookups skip this hook
+        return value
+    raise AttributeError(f"module 'bertforge' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

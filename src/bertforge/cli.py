@@ -1,0 +1,210 @@
+"""The ``bertforge`` command: one subcommand per user journey, argument handling only.
+
+Each handler imports its back end lazily (so ``--help`` stays instant) and calls one function.
+``UserError`` becomes ``error: <message>`` and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from bertforge.errors import UserError
+
+Handler = Callable[[argparse.Namespace, list], int]
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Show every option's default and keep the hand-written layout of epilogs."""
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                   help="Files, directories (read recursively) or globs; .gz/.bz2/.xz are read "
+                        "transparently.")
+    p.add_argument("--input-format", default="auto",
+                   choices=["auto", "sentences", "paragraphs", "jsonl", "wiki"],
+                   help="auto: by extension (.txt/.md: a blank line ends a document and each line "
+                        "is split into sentences; .jsonl: JSON Lines; .xml: Wikipedia dump). "
+                        "sentences: one sentence per line. paragraphs: blank-line-separated blocks.")
+
+
+# --- handlers ---------------------------------------------------------------------------------
+
+
+def _vocab(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.vocab import train_wordpiece
+
+    report = train_wordpiece(args.input, vocab_size=args.vocab_size, output=Path(args.output),
+                             lowercase=not args.cased, min_frequency=args.min_frequency,
+                             input_format=args.input_format)
+    print(report.summary())
+    return 0
+
+
+def _prepare(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.data.prepare import prepare
+
+    report = prepare(
+        args.input, vocab=Path(args.vocab), output=Path(args.output),
+        max_seq_length=args.max_seq_length, max_predictions=args.max_predictions,
+        masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
+        objective=args.objective, whole_word_masking=args.whole_word_masking,
+        dupe_factor=args.dupe_factor, validation_fraction=args.validation_fraction,
+        workers=args.workers, seed=args.seed, fmt=args.format, input_format=args.input_format,
+        overwrite=args.overwrite)
+    print(report.summary())
+    return 0
+
+
+def _inspect(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.data.inspect import inspect_dataset
+
+    print(inspect_dataset(Path(args.path), num=args.num, seed=args.seed))
+    return 0
+
+
+def _convert(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.convert import convert_nvidia_checkpoint
+
+    out = convert_nvidia_checkpoint(Path(args.checkpoint), args.config, Path(args.output),
+                                    vocab=Path(args.vocab) if args.vocab else None,
+                                    trust_pickle=args.trust_pickle)
+    print(f"wrote Hugging Face model directory {out}")
+    return 0
+
+
+def _pretrain(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.config import PretrainConfig, load_config
+
+    cfg = load_config(PretrainConfig, args.config, extra)  # before torch: config errors are instant
+    from bertforge.train.pretrain import pretrain
+
+    pretrain(cfg, benchmark=args.benchmark)
+    return 0
+
+
+def _plan(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.train.plan import plan_batch
+
+    print(plan_batch(model=args.model, seq_len=args.seq_len, gpus=args.gpus,
+                     gpu_memory_gib=args.gpu_memory, global_batch_size=args.global_batch_size,
+                     precision=args.precision).summary())
+    return 0
+
+
+def _demo(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.demo import run_demo
+
+    run_demo(Path(args.workdir))
+    return 0
+
+
+# --- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertforge", formatter_class=_Formatter,
+        description="BERT pretraining and fine-tuning with Hugging Face checkpoints natively.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler: Handler, help: str, **kw) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter, **kw)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("vocab", _vocab, "Train a WordPiece vocabulary (vocab.txt + tokenizer.json).")
+    _add_input_args(p)
+    p.add_argument("--vocab-size", type=int, default=30522, help="Target vocabulary size.")
+    p.add_argument("--output", required=True, help="vocab.txt to write (tokenizer.json goes beside it).")
+    p.add_argument("--cased", action="store_true",
+                   help="Keep case and accents (default: lower-case and strip accents, as BERT uncased).")
+    p.add_argument("--min-frequency", type=int, default=2, help="Minimum count of a merged piece.")
+
+    p = add("prepare", _prepare, "Turn a corpus into pretraining data (sentence pairs, shards).")
+    _add_input_args(p)
+    p.add_argument("--vocab", required=True, help="vocab.txt, tokenizer.json or a model directory.")
+    p.add_argument("--output", required=True, help="Output directory.")
+    p.add_argument("--max-seq-length", type=int, default=128, help="Tokens per sequence.")
+    p.add_argument("--max-predictions", type=int, default=20,
+                   help="Masked tokens per sequence at most (stored for the loader; used by hdf5).")
+    p.add_argument("--masked-lm-prob", type=float, default=0.15, help="Fraction of tokens masked.")
+    p.add_argument("--short-seq-prob", type=float, default=0.1,
+                   help="Probability of a shorter target length (as Google's BERT).")
+    p.add_argument("--objective", choices=["nsp", "sop", "none"], default="nsp",
+                   help="Sentence-pair task: next-sentence, sentence-order, or none (packed text).")
+    p.add_argument("--whole-word-masking", action="store_true", help="Mask whole words only.")
+    p.add_argument("--dupe-factor", type=int, default=5,
+                   help="hdf5 only: copies of the data with different static masks.")
+    p.add_argument("--validation-fraction", type=float, default=0.01,
+                   help="Fraction of documents held out for validation.")
+    p.add_argument("--workers", type=int, default=1, help="Worker processes.")
+    p.add_argument("--seed", type=int, default=12345, help="Seed (output is identical for a seed).")
+    p.add_argument("--format", choices=["native", "hdf5"], default="native",
+                   help="native: token ids, masks drawn at load time; hdf5: NVIDIA/Google static masks.")
+    p.add_argument("--overwrite", action="store_true",
+                   help="Replace an existing output made with different settings.")
+
+    p = add("inspect", _inspect, "Show a prepared dataset's manifest and a few decoded instances.")
+    p.add_argument("path", help="A `prepare` output directory, or hdf5 file(s)/directory.")
+    p.add_argument("--num", type=int, default=3, help="Instances to show.")
+    p.add_argument("--seed", type=int, default=0, help="Which instances / masks to draw.")
+
+    p = add("convert", _convert, "Convert an NVIDIA DeepLearningExamples BERT checkpoint to "
+            "Hugging Face format.")
+    p.add_argument("--checkpoint", required=True, help="NVIDIA .pt checkpoint.")
+    p.add_argument("--config", required=True, help="Their bert_config.json, or a preset name.")
+    p.add_argument("--output", required=True, help="Output model directory.")
+    p.add_argument("--vocab", default=None, help="vocab.txt to ship with the model.")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="Allow full pickle loading (only for checkpoints you trust).")
+
+    from bertforge.config import PretrainConfig, describe
+
+    p = add("pretrain", _pretrain, "Pretrain BERT (MLM + NSP) on prepared data.",
+            epilog="config keys (set in the YAML file or as --key=value):\n"
+                   + "\n".join(describe(PretrainConfig)))
+    p.add_argument("--config", default=None, help="YAML recipe (see configs/pretrain/).")
+    p.add_argument("--benchmark", action="store_true",
+                   help="Warm up, time benchmark.steps steps, report sequences/s, MFU and memory; "
+                        "no checkpoints.")
+
+    p = add("plan", _plan, "Propose micro-batch size and accumulation for a GPU setup.")
+    p.add_argument("--model", default="bert-large-uncased", help="Preset name or config.json.")
+    p.add_argument("--seq-len", type=int, default=128, help="Sequence length.")
+    p.add_argument("--gpus", type=int, default=8, help="Total GPUs (all nodes).")
+    p.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU.")
+    p.add_argument("--global-batch-size", type=int, default=65536, help="Target global batch.")
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16",
+                   help="Training precision.")
+
+    p = add("demo", _demo, "Run the end-to-end demo on the bundled sample corpus.")
+    p.add_argument("--workdir", default="build/demo", help="Where the demo writes its files.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "pretrain":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s"
+                        if args.verbose else "%(message)s")
+    try:
+        return args.handler(args, extra)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

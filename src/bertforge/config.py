@@ -1,0 +1,244 @@
+"""Typed run configuration: dataclasses, YAML files and ``--section.key=value`` overrides.
+
+Every field carries its help text in ``metadata["help"]``; ``describe()`` turns that into the
+``--help`` listing, so the documentation of a key lives next to its type and default.
+Loading is OmegaConf's structured configs: YAML and dotted overrides are merged onto the
+dataclass schema, which rejects unknown keys and coerces/validates types; we only translate its
+errors into messages that name the key and suggest the closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from bertforge.errors import ConfigError
+
+T = TypeVar("T")
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None) -> Any:
+    """A dataclass field with its help text (``factory`` for mutable defaults)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class DataConfig:
+    path: str = opt("", "Prepared data: a `bertforge prepare` output directory, or NVIDIA/Google "
+                    "hdf5 files (a directory, a file or a glob).")
+    masked_lm_prob: Optional[float] = opt(None, "Fraction of tokens to predict; default: the value "
+                                          "recorded by `prepare` in the manifest (0.15).")
+    max_predictions: Optional[int] = opt(None, "Cap on predicted tokens per sequence; default: "
+                                         "the manifest's value (20 at seq 128, 80 at seq 512).")
+    whole_word_masking: Optional[bool] = opt(None, "Mask whole words; default: the manifest's value.")
+    bin_by_length: bool = opt(True, "Draw every global batch from one length bin to cut padding.")
+    num_workers: int = opt(2, "DataLoader worker processes that mask and collate (0 = in-process).")
+
+    def __post_init__(self) -> None:
+        if self.masked_lm_prob is not None and not 0.0 < self.masked_lm_prob < 1.0:
+            raise ConfigError(f"data.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.max_predictions is not None and self.max_predictions < 1:
+            raise ConfigError(f"data.max_predictions must be >= 1, got {self.max_predictions}")
+        if self.num_workers < 0:
+            raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = opt(1000, "Optimizer steps to run (the schedule ends here).")
+    global_batch_size: int = opt(256, "Sequences per optimizer step, over all ranks and "
+                                 "accumulation micro-steps.")
+    micro_batch_size: int = opt(32, "Sequences per forward/backward on one rank. Accumulation = "
+                                "global_batch_size / (micro_batch_size x world size).")
+    seed: int = opt(12345, "Seed for weight init, data order and masking.")
+    log_every: int = opt(10, "Steps between metric lines (the only host-device syncs).")
+    eval_every: int = opt(0, "Steps between validation passes (0 = only at the end).")
+    eval_batches: int = opt(20, "Validation micro-batches per pass (0 = no validation).")
+    gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    compile: bool = opt(False, "torch.compile the model (GPU recommended).")
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ConfigError(
+                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size ({self.micro_batch_size})")
+
+
+@dataclass
+class OptimConfig:
+    name: str = opt("lamb", "Optimizer: lamb (NVIDIA's recipe) or adamw.")
+    lr: float = opt(6e-3, "Peak learning rate.")
+    warmup: float = opt(0.2843, "Warm-up length as a fraction of train.max_steps.")
+    schedule: str = opt("poly", "LR schedule after warm-up: poly (NVIDIA, power 0.5), linear, constant.")
+    power: float = opt(0.5, "Exponent of the poly schedule.")
+    weight_decay: float = opt(0.01, "Decoupled weight decay (not applied to biases and LayerNorm).")
+    betas: list = opt(help="Adam moment coefficients.", factory=lambda: [0.9, 0.999])
+    eps: float = opt(1e-6, "Adam epsilon.")
+    max_grad_norm: float = opt(1.0, "Global gradient-norm clip (0 = off).")
+
+    def __post_init__(self) -> None:
+        if self.name not in ("lamb", "adamw"):
+            raise ConfigError(f"optim.name must be 'lamb' or 'adamw', got {self.name!r}")
+        if self.schedule not in ("poly", "linear", "constant"):
+            raise ConfigError(f"optim.schedule must be poly, linear or constant, got {self.schedule!r}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ConfigError(f"optim.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2:
+            raise ConfigError(f"optim.betas needs two numbers, got {list(self.betas)}")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = opt(1000, "Steps between checkpoints (the last step is always saved).")
+    keep: int = opt(3, "Newest checkpoints to keep (0 = keep all).")
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ConfigError(f"checkpoint.every must be >= 1, got {self.every}")
+
+
+@dataclass
+class BenchmarkConfig:
+    warmup_steps: int = opt(5, "Steps run before timing starts (compilation, allocator warm-up).")
+    steps: int = opt(20, "Timed steps.")
+
+
+@dataclass
+class PretrainConfig:
+    model: str = opt("bert-base-uncased", "Preset name (bert-tiny ... bert-large-cased) or a "
+                     "config.json / model directory. vocab_size follows the data's vocabulary.")
+    data: DataConfig = opt(help="Training data.", factory=DataConfig)
+    output_dir: str = opt("runs/pretrain", "Where checkpoints, metrics and the resolved config go.")
+    train: TrainConfig = opt(help="Steps and batch sizes.", factory=TrainConfig)
+    optim: OptimConfig = opt(help="Optimizer and LR schedule.", factory=OptimConfig)
+    precision: str = opt("auto", "fp32, bf16, fp16 (dynamic loss scaling) or auto "
+                         "(bf16 where the device supports it, else fp32).")
+    checkpoint: CheckpointConfig = opt(help="Checkpointing.", factory=CheckpointConfig)
+    resume: str = opt("auto", "auto (newest complete checkpoint in output_dir, if any), none, "
+                      "or a checkpoint directory.")
+    init_from: Optional[str] = opt(None, "Load weights only (e.g. phase-1 final -> phase 2); "
+                                   "optimizer, schedule and data start fresh.")
+    phase: int = opt(1, "Phase label stored in checkpoints and metrics (1: seq 128, 2: seq 512).")
+    tensorboard: bool = opt(True, "Also write TensorBoard event files (if tensorboard is installed).")
+    benchmark: BenchmarkConfig = opt(help="Settings of --benchmark mode.", factory=BenchmarkConfig)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def _section(f: dataclasses.Field) -> type | None:
+    """The dataclass of a nested section field (sections are built by their default factory)."""
+    sub = f.default_factory
+    return sub if isinstance(sub, type) and dataclasses.is_dataclass(sub) else None
+
+
+def _keys(cls: type, prefix: str = "") -> list[str]:
+    """All dotted keys of a config dataclass, sections included."""
+    out = []
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        out.append(key)
+        if _section(f) is not None:
+            out += _keys(_section(f), key + ".")
+    return out
+
+
+def _unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
+    valid = _keys(cls)
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return ConfigError(f"unknown config key '{key}' in {where}.{hint} "
+                       f"Run with --help to list the valid keys.")
+
+
+def _parse_overrides(overrides: Sequence[str]) -> list[str]:
+    dotlist = []
+    for raw in overrides:
+        item = raw[2:] if raw.startswith("--") else raw
+        if "=" not in item:
+            raise ConfigError(f"override '{raw}' must look like --section.key=value")
+        dotlist.append(item)
+    return dotlist
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Build ``cls`` from defaults, then a YAML file, then ``--key=value`` overrides (in that order)."""
+    schema = OmegaConf.structured(cls)
+    layers: list[tuple[str, Any]] = []
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            layers.append((str(path), OmegaConf.load(path)))
+        except Exception as exc:  # yaml.YAMLError and friends: show where the file is broken
+            raise ConfigError(f"cannot parse config file {path}: {exc}") from None
+    layers.append(("the command line", OmegaConf.from_dotlist(_parse_overrides(overrides))))
+    for where, layer in layers:
+        try:
+            schema = OmegaConf.merge(schema, layer)
+        except ConfigKeyError as exc:
+            raise _unknown_key_error(cls, exc.full_key or str(exc.key), where) from None
+        except ValidationError as exc:
+            msg = str(exc.msg or exc).splitlines()[0]
+            if not exc.full_key:
+                # OmegaConf names no key when a whole section is given a plain value.
+                sections = [f.name for f in dataclasses.fields(cls) if _section(f) is not None]
+                raise ConfigError(
+                    f"bad value in {where}: {msg}. {', '.join(sections)} are sections: set "
+                    f"their keys (--section.key=value), not the section itself") from None
+            raise ConfigError(f"bad value for '{exc.full_key}' in {where}: {msg}") from None
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"invalid config in {where}: {exc}") from None
+    try:
+        return OmegaConf.to_object(schema)  # runs every __post_init__
+    except OmegaConfBaseException as exc:
+        if isinstance(exc.__cause__, ConfigError):
+            raise exc.__cause__ from None
+        if "Missing mandatory value" in str(exc):
+            raise ConfigError(f"config key '{exc.full_key}' must be set") from None
+        raise ConfigError(f"invalid config: {exc}") from None
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict of a config instance (for saving and JSON reports)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML, loadable again with ``load_config``."""
+    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+def describe(cls: type, prefix: str = "") -> list[str]:
+    """One help line per key: ``--key (type, default X): help``."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if _section(f) is not None:
+            lines += describe(_section(f), key + ".")
+            continue
+        has_factory = f.default_factory is not dataclasses.MISSING
+        default = f.default_factory() if has_factory else f.default
+        typ = getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
+        lines.append(f"  --{key}={default!r}  ({typ})\n      {f.metadata.get('help', '')}")
+    return lines

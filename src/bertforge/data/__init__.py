@@ -1,0 +1,1 @@
+"""Offline and online data stages: corpus reading, segmentation, instances, shards, masking."""

@@ -1,0 +1,463 @@
+"""Streaming corpus reader: files, directories and globs in, ``Document`` objects out.
+
+Reading is cheap (I/O and line splitting only) so a single process can feed many workers;
+``document_sentences`` does the costly part (markup removal, sentence segmentation) and is meant
+to run in those workers. Nothing here holds more than one document in memory.
+
+Bad input never stops a run: each problem is reported through ``warn(msg)`` naming the file (and
+line), counted in ``ReadStats``, and reading goes on with the next line or file. Only a path that
+does not exist at all is an error (``DataError``), because that is almost always a typo.
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import json
+import lzma
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Callable, Iterator, Sequence
+from xml.etree import ElementTree
+
+from bertforge.data.segment import split_sentences, wiki_to_paragraphs
+from bertforge.errors import ConfigError, DataError
+
+__all__ = [
+    "Document", "ReadStats", "FORMATS", "expand_inputs", "iter_documents", "iter_corpus",
+    "document_sentences",
+]
+
+FORMATS = ("auto", "sentences", "paragraphs", "jsonl", "wiki")
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", "")
+JSON_SUFFIXES = (".jsonl", ".json")
+XML_SUFFIXES = (".xml",)
+COMPRESSORS: dict[str, Callable[[IO[bytes]], IO[bytes]]] = {
+    ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+    ".bz2": lambda raw: bz2.BZ2File(raw, mode="rb"),
+    ".xz": lambda raw: lzma.LZMAFile(raw, mode="rb"),
+}
+SUPPORTED = (
+    "text (.txt .text .md .rst or no extension), JSON Lines (.jsonl .json), Wikipedia XML dump "
+    "(.xml), each optionally compressed (.gz .bz2 .xz)"
+)
+MAX_LINE_CHARS = 1_000_000  # longer text lines are cut into chunks of at most this many chars
+MAX_JSON_LINE_CHARS = 16_000_000  # a JSON record cannot be cut, so it gets a larger allowance
+MAX_DOC_CHARS = 20_000_000  # bounds memory when a file has no blank lines between documents
+MAX_WARNINGS_PER_FILE = 10  # per kind; then one summary line, so a bad file cannot flood the log
+_DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+@dataclass
+class Document:
+    """One document, as cheap to produce as possible.
+
+    ``kind`` says how ``document_sentences`` turns ``lines`` into sentences: "sentences" (each
+    line is one sentence), "paragraphs" (each line is text to segment) or "wikitext" (one page of
+    MediaWiki markup in ``lines[0]``). ``source`` is "path:line" (for wiki pages, the title).
+    """
+
+    source: str
+    kind: str
+    lines: list[str]
+
+
+@dataclass
+class ReadStats:
+    """Counters filled while reading, for progress bars and end-of-run summaries."""
+
+    files_read: int = 0
+    documents: int = 0
+    empty_documents: int = 0
+    text_bytes: int = 0  # UTF-8 bytes of text read, after decompression
+    input_bytes: int = 0  # on-disk bytes consumed so far (drives byte progress bars)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    warnings: int = 0
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        lines = [
+            f"read {self.files_read} file(s), {self.documents} document(s), "
+            f"{self.text_bytes / 1e6:.1f} MB of text"
+        ]
+        if self.empty_documents:
+            lines.append(f"skipped {self.empty_documents} empty document(s)")
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} input(s):")
+            lines += [f"  {path}: {reason}" for path, reason in self.skipped[:20]]
+            if len(self.skipped) > 20:
+                lines.append(f"  ... and {len(self.skipped) - 20} more")
+        if self.warnings:
+            lines.append(f"{self.warnings} warning(s) while reading")
+        return "\n".join(lines)
+
+
+def expand_inputs(patterns: Sequence[str | Path]) -> list[Path]:
+    """Files, directories (recursive, hidden entries skipped) and globs -> file paths.
+
+    Order follows ``patterns``; each pattern's matches are sorted so a run is reproducible, and
+    repeats are dropped. A path or glob that matches nothing raises ``DataError`` naming it.
+    """
+    if not patterns:
+        raise DataError("no input given: pass at least one file, directory or glob (--input)")
+    found: list[Path] = []
+    for pattern in patterns:
+        text = str(pattern)
+        path = Path(text)
+        if path.is_dir():
+            matches = sorted(p for p in path.rglob("*") if p.is_file() and _visible(p, path))
+            if not matches:
+                raise DataError(f"input directory {text} contains no files")
+        elif path.is_file():
+            matches = [path]
+        elif any(ch in text for ch in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise DataError(f"input pattern {text!r} matches no files; check path and quotes")
+        else:
+            raise DataError(f"input {text} does not exist; check the path")
+        found += matches
+    return list(dict.fromkeys(found))
+
+
+def _visible(path: Path, root: Path) -> bool:
+    """False inside hidden directories and for hidden files (.git, .DS_Store) below ``root``."""
+    return not any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def _layout(path: Path, input_format: str) -> tuple[str | None, str, str]:
+    """(layout, compression suffix, inner suffix); layout None means an unknown extension."""
+    suffix = path.suffix.lower()
+    compression = suffix if suffix in COMPRESSORS else ""
+    inner = Path(path.stem).suffix.lower() if compression else suffix
+    if input_format in ("jsonl", "wiki"):
+        return input_format, compression, inner
+    if inner in JSON_SUFFIXES:
+        return "jsonl", compression, inner
+    if inner in XML_SUFFIXES:
+        return "wiki", compression, inner
+    if inner in TEXT_SUFFIXES:
+        return input_format, compression, inner  # "auto", "sentences" or "paragraphs"
+    return None, compression, inner
+
+
+def iter_documents(
+    path: Path,
+    *,
+    input_format: str = "auto",
+    text_field: str = "text",
+    warn: Callable[[str], None],
+    stats: ReadStats | None = None,
+) -> Iterator[Document]:
+    """Stream the documents of one file; problems go to ``warn`` and ``stats``.
+
+    Raises only for an unknown ``input_format`` (``ConfigError``) or a missing path
+    (``DataError``). ``stats.input_bytes`` advances by the file's size, even when it is skipped.
+    """
+    if input_format not in FORMATS:
+        known = ", ".join(FORMATS)
+        raise ConfigError(f"input format {input_format!r} is not known; use one of {known}")
+    stats = stats if stats is not None else ReadStats()
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"input {path} does not exist; check the path")
+    start, size = stats.input_bytes, path.stat().st_size
+    try:
+        yield from _file_documents(path, input_format, text_field, warn, stats, start)
+    finally:
+        stats.input_bytes = start + size
+
+
+def _file_documents(
+    path: Path,
+    input_format: str,
+    text_field: str,
+    warn: Callable[[str], None],
+    stats: ReadStats,
+    start: int,
+) -> Iterator[Document]:
+    layout, compression, inner = _layout(path, input_format)
+    if layout is None:
+        _skip(stats, warn, path, f"unknown extension {inner!r}; supported: {SUPPORTED}")
+        return
+    with open(path, "rb") as raw:
+        stream = COMPRESSORS[compression](raw) if compression else raw
+        try:
+            head, reason = stream.read(8192), ""
+            stream.seek(0)
+        except _DECOMPRESS_ERRORS as exc:
+            head, reason = b"", f"cannot decompress ({exc}); corrupt, or not really {compression}"
+        if not reason and not head:
+            reason = "empty file"
+        elif b"\x00" in head:
+            reason = "binary file (NUL bytes in the first 8 KiB); is it really text?"
+        if reason:
+            _skip(stats, warn, path, reason)
+            return
+        stats.files_read += 1
+        notes = _FileWarnings(path, warn, stats)
+        if layout == "wiki":
+            docs = _wiki_documents(stream, path, notes, stats)
+        elif layout == "jsonl":
+            docs = _jsonl_documents(stream, path, text_field, notes, stats)
+        else:
+            docs = _text_documents(stream, path, layout, notes, stats)
+        for doc in docs:
+            stats.documents += 1
+            stats.input_bytes = start + raw.tell()
+            yield doc
+        notes.finish()
+
+
+def iter_corpus(
+    patterns: Sequence[str | Path],
+    *,
+    input_format: str = "auto",
+    text_field: str = "text",
+    warn: Callable[[str], None],
+    stats: ReadStats | None = None,
+) -> Iterator[Document]:
+    """``iter_documents`` over every file that ``expand_inputs(patterns)`` finds."""
+    for path in expand_inputs(patterns):
+        yield from iter_documents(
+            path, input_format=input_format, text_field=text_field, warn=warn, stats=stats
+        )
+
+
+def document_sentences(doc: Document) -> list[str]:
+    """The sentences of one document (markup removed, segmented, stripped, non-empty)."""
+    if doc.kind == "sentences":
+        return [s for s in (line.strip() for line in doc.lines) if s]
+    if doc.kind == "paragraphs":
+        return [s for line in doc.lines for s in split_sentences(line)]
+    if doc.kind == "wikitext":
+        paragraphs = wiki_to_paragraphs("\n".join(doc.lines))
+        return [s for para in paragraphs for s in split_sentences(para)]
+    raise ValueError(f"unknown document kind {doc.kind!r} from {doc.source}")
+
+
+def _skip(stats: ReadStats, warn: Callable[[str], None], path: Path, reason: str) -> None:
+    stats.skipped.append((str(path), reason))
+    stats.warnings += 1
+    warn(f"skipping {path}: {reason}")
+
+
+class _FileWarnings:
+    """Per-file warning sink that caps repeated line-level warnings of one kind."""
+
+    def __init__(self, path: Path, warn: Callable[[str], None], stats: ReadStats) -> None:
+        self.path, self.warn, self.stats = path, warn, stats
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, message: str, *, kind: str = "other") -> None:
+        n = self.counts[kind] = self.counts.get(kind, 0) + 1
+        if n <= MAX_WARNINGS_PER_FILE:
+            self.stats.warnings += 1
+            self.warn(message)
+
+    def finish(self) -> None:
+        for kind, n in self.counts.items():
+            if n > MAX_WARNINGS_PER_FILE:
+                self.stats.warnings += 1
+                hidden = n - MAX_WARNINGS_PER_FILE
+                self.warn(f"{self.path}: {hidden} more {kind} warning(s) not shown")
+
+
+def _text_documents(
+    stream: IO[bytes], path: Path, layout: str, notes: _FileWarnings, stats: ReadStats
+) -> Iterator[Document]:
+    """Blank lines separate documents; ``layout`` decides what a non-blank line is."""
+    kind = "sentences" if layout == "sentences" else "paragraphs"
+    block: list[str] = []
+    start, chars = 0, 0
+
+    def flush() -> Document:
+        lines = [" ".join(block)] if layout == "paragraphs" else list(block)
+        return Document(f"{path}:{start}", kind, lines)
+
+    for lineno, line in _iter_lines(stream, path, notes, stats, MAX_LINE_CHARS, split=True):
+        text = line.strip()
+        if not text:
+            if block:
+                yield flush()
+                block, chars = [], 0
+            continue
+        if not block:
+            start = lineno
+        block.append(text)
+        chars += len(text)
+        if chars > MAX_DOC_CHARS:
+            notes(
+                f"{path}:{lineno}: document starting at line {start} exceeds {MAX_DOC_CHARS:,} "
+                "characters; cutting it here (separate documents with a blank line)",
+                kind="long document",
+            )
+            yield flush()
+            block, chars = [], 0
+    if block:
+        yield flush()
+
+
+def _jsonl_documents(
+    stream: IO[bytes], path: Path, text_field: str, notes: _FileWarnings, stats: ReadStats
+) -> Iterator[Document]:
+    """One JSON object per line; its ``text_field`` string is one document."""
+    for lineno, line in _iter_lines(stream, path, notes, stats, MAX_JSON_LINE_CHARS, split=False):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            notes(f"{path}:{lineno}: not valid JSON ({exc.msg}); line skipped", kind="bad JSON")
+            continue
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            present = isinstance(record, dict) and text_field in record
+            notes(
+                f"{path}:{lineno}: field {text_field!r} "
+                f"{'is not a string' if present else 'is missing'}; line skipped "
+                "(choose the field with --text-field)",
+                kind="missing field",
+            )
+            continue
+        lines = [s for s in (part.strip() for part in text.splitlines()) if s]
+        if not lines:
+            stats.empty_documents += 1
+            continue
+        yield Document(f"{path}:{lineno}", "paragraphs", lines)
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]  # "{http://www.mediawiki.org/xml/export-0.10/}page" -> "page"
+
+
+def _wiki_documents(
+    stream: IO[bytes], path: Path, notes: _FileWarnings, stats: ReadStats
+) -> Iterator[Document]:
+    """Main-namespace, non-redirect pages of a MediaWiki XML dump, one at a time."""
+    root = None
+    kept = 0
+    try:
+        for event, elem in ElementTree.iterparse(stream, events=("start", "end")):
+            if root is None:
+                root = elem
+            if event != "end" or _local(elem.tag) != "page":
+                continue
+            title, ns, text, redirect = "", "0", "", False
+            for child in elem.iter():
+                name = _local(child.tag)
+                if name == "title":
+                    title = child.text or ""
+                elif name == "ns":
+                    ns = (child.text or "").strip()
+                elif name == "redirect":
+                    redirect = True
+                elif name == "text":
+                    text = child.text or ""
+            root.clear()  # drop finished pages so memory stays flat over a multi-GB dump
+            if ns != "0" or redirect or text.lstrip()[:9].upper() == "#REDIRECT":
+                continue
+            if not text.strip():
+                stats.empty_documents += 1
+                continue
+            stats.text_bytes += len(text.encode("utf-8"))
+            kept += 1
+            yield Document(f"{path}: page {title!r}", "wikitext", [text])
+    except ElementTree.ParseError as exc:
+        line = exc.position[0] if exc.position else "?"
+        notes(
+            f"{path}:{line}: XML ends early or is malformed ({exc}); keeping the {kept} page(s) "
+            "read before it"
+        )
+    except _DECOMPRESS_ERRORS as exc:
+        notes(
+            f"{path}: reading stopped early ({exc}); the file is truncated or corrupt. "
+            f"Keeping the {kept} page(s) read before it."
+        )
+
+
+def _utf8_tail(data: bytes) -> int:
+    """Bytes at the end of ``data`` that start a character not yet complete (0..3)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # ASCII or a lead byte: how long is its character?
+            need = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return back if need > back else 0
+    return 0
+
+
+def _iter_lines(
+    stream: IO[bytes],
+    path: Path,
+    notes: _FileWarnings,
+    stats: ReadStats,
+    max_chars: int,
+    *,
+    split: bool,
+) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text without its newline) for each line of ``stream``.
+
+    Lines are read with a byte limit so one enormous line (a binary blob, a whole book without
+    newlines) never has to fit in memory: it is cut into chunks of at most ``max_chars`` at
+    spaces (``split=True``, each chunk yielded with the same line number) or dropped.
+    Invalid UTF-8 is replaced with U+FFFD and reported once per file.
+    """
+    limit = 4 * max_chars  # a UTF-8 character is at most 4 bytes, so a legal line always fits
+    lineno, bad_utf8 = 0, False
+
+    def decode(data: bytes) -> str:
+        nonlocal bad_utf8
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            if not bad_utf8:
+                bad_utf8 = True
+                notes(
+                    f"{path}:{lineno}: invalid UTF-8 (first bad line in this file); undecodable "
+                    "bytes replaced with U+FFFD. Convert the file to UTF-8 (e.g. with iconv)."
+                )
+            return data.decode("utf-8", "replace")
+
+    def pieces(data: bytes) -> Iterator[str]:
+        # Decoded pieces of one line longer than ``limit`` bytes, cut at character boundaries.
+        while not (data.endswith(b"\n") or len(data) < limit):
+            cut = len(data) - _utf8_tail(data)
+            yield decode(data[:cut])
+            more = stream.readline(limit)
+            stats.text_bytes += len(more)
+            data = data[cut:] + more
+        yield decode(data)
+
+    try:
+        while data := stream.readline(limit):
+            lineno += 1
+            stats.text_bytes += len(data)
+            if len(data) < limit or data.endswith(b"\n"):
+                text = decode(data)
+                if len(text) <= max_chars:
+                    yield lineno, text.rstrip("\r\n")
+                    continue
+            action = "cut into chunks" if split else "skipped"
+            notes(
+                f"{path}:{lineno}: line longer than {max_chars:,} characters; {action}",
+                kind="long line",
+            )
+            pending = ""
+            for piece in pieces(data):
+                if not split:
+                    continue  # read to the end of the line, keeping nothing
+                pending += piece
+                while len(pending) > max_chars:
+                    cut = pending.rfind(" ", 0, max_chars)
+                    cut = cut if cut > 0 else max_chars
+                    yield lineno, pending[:cut]
+                    pending = pending[cut:]
+            if pending.strip():
+                yield lineno, pending.rstrip("\r\n")
+    except _DECOMPRESS_ERRORS as exc:
+        notes(
+            f"{path}:{lineno + 1}: reading stopped early ({exc}); the file is truncated or "
+            f"corrupt. Keeping the {lineno} line(s) read before it."
+        )

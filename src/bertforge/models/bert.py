@@ -1,0 +1,177 @@
+"""The BERT encoder: embeddings, transformer layers, pooler, and ``BertModel``.
+
+Pure ``nn.Module`` code: no losses, data, precision or parallelism. Parameter names are those of
+Hugging Face BERT, so ``BertModel().state_dict()`` *is* a transformers ``BertModel`` checkpoint
+(except that embedding rows are padded to ``config.padded_vocab_size``; ``save_pretrained`` trims them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from bertforge.errors import DataError
+from bertforge.models.attention import BertAttention, BertResidualOutput, attention_keep_mask
+from bertforge.models.config import BertConfig
+from bertforge.models.loading import BertPreTrainedModel
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation called ``name`` in a BERT config (validated by ``BertConfig``)."""
+    if name == "gelu":
+        return F.gelu  # exact erf form, as in Google's and NVIDIA's BERT
+    if name == "gelu_new":
+        return lambda x: F.gelu(x, approximate="tanh")
+    return F.relu
+
+
+@dataclass
+class BertModelOutput:
+    """Encoder outputs."""
+
+    last_hidden_state: torch.Tensor
+    """(B, S, H) final hidden states (after the final LayerNorm for pre-LN models)."""
+    pooler_output: torch.Tensor | None
+    """(B, H) tanh(dense(hidden of [CLS])), or None for models built without a pooler."""
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token-type embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(
+            config.padded_vocab_size, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # Not saved (persistent=False) so the state dict matches transformers' current layout.
+        self.register_buffer(
+            "position_ids", torch.arange(config.max_position_embeddings).unsqueeze(0), persistent=False
+        )
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        """input_ids, token_type_ids: (B, S) int64 -> (B, S, H)."""
+        seq_len = input_ids.shape[1]
+        max_len = self.position_embeddings.num_embeddings
+        if seq_len > max_len:
+            raise DataError(
+                f"input has {seq_len} tokens per sequence but the model's max_position_embeddings is "
+                f"{max_len}: truncate inputs to at most {max_len} tokens (e.g. lower --max-seq-length)"
+            )
+        emb = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids[:, :seq_len])
+        if token_type_ids is None:
+            emb = emb + self.token_type_embeddings.weight[0]  # all segment 0; skip the gather
+        else:
+            emb = emb + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(emb))
+
+
+class BertIntermediate(nn.Module):
+    """First half of the feed-forward block: dense H -> intermediate, then the activation."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, S, H) -> (B, S, intermediate)."""
+        return self.act(self.dense(hidden))
+
+
+class BertOutput(BertResidualOutput):
+    """Second half of the feed-forward block (``output.dense``/``output.LayerNorm``), residual included."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config.intermediate_size, config)
+
+
+class BertLayer(nn.Module):
+    """One transformer layer: attention block then feed-forward block."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden: torch.Tensor, keep_mask: torch.Tensor | None) -> torch.Tensor:
+        """(B, S, H), keep_mask (B, 1, 1, S) bool or None -> (B, S, H)."""
+        hidden = self.attention(hidden, keep_mask)
+        return self.output(self.intermediate(self.output.normalize_input(hidden)), hidden)
+
+
+class BertEncoder(nn.Module):
+    """The stack of layers; pre-LN models end with ``final_layer_norm`` (absent in post-LN models)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        if config.pre_layernorm:
+            # Pre-LN residual streams are never normalised inside the layers, so the output needs one.
+            self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        """Recompute each layer's activations in backward instead of storing them (training only)."""
+
+    def forward(self, hidden: torch.Tensor, keep_mask: torch.Tensor | None) -> torch.Tensor:
+        """(B, S, H) -> (B, S, H)."""
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        for layer in self.layer:
+            if recompute:
+                hidden = checkpoint(layer, hidden, keep_mask, use_reentrant=False)
+            else:
+                hidden = layer(hidden, keep_mask)
+        if hasattr(self, "final_layer_norm"):
+            hidden = self.final_layer_norm(hidden)
+        return hidden
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(hidden state of the first token)), the sentence vector NSP and classifiers use."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, S, H) -> (B, H)."""
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class BertModel(BertPreTrainedModel):
+    """The bare encoder: ``forward`` -> ``BertModelOutput(last_hidden_state, pooler_output)``.
+
+    Args:
+        config: model shape.
+        add_pooling_layer: build the pooler (task models that never use it omit it, like transformers).
+    """
+
+    base_model_prefix = ""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> BertModelOutput:
+        """input_ids, attention_mask (1 = real token), token_type_ids: (B, S) -> BertModelOutput."""
+        hidden = self.embeddings(input_ids, token_type_ids)
+        hidden = self.encoder(hidden, attention_keep_mask(attention_mask))
+        pooled = self.pooler(hidden) if self.pooler is not None else None
+        return BertModelOutput(last_hidden_state=hidden, pooler_output=pooled)

@@ -1,0 +1,260 @@
+"""BERT with task heads: pretraining (MLM + NSP), masked LM, QA, classification, multiple choice, tagging.
+
+Module names (``bert``, ``cls.predictions``, ``cls.seq_relationship``, ``qa_outputs``, ``classifier``)
+match Hugging Face so each class reads and writes the checkpoint of the transformers class of the
+same name. Models return logits only; losses live with the training code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bertforge.models.bert import BertModel, activation
+from bertforge.models.config import BertConfig
+from bertforge.models.loading import BertPreTrainedModel
+
+
+@dataclass
+class BertPreTrainingOutput:
+    mlm_logits: torch.Tensor
+    """(B, S, vocab_size), or (N, vocab_size) at the N ``masked_positions`` in row-major order."""
+    nsp_logits: torch.Tensor
+    """(B, 2): index 0 = IsNext, 1 = random."""
+
+
+@dataclass
+class MaskedLMOutput:
+    logits: torch.Tensor
+    """(B, S, vocab_size), or (N, vocab_size) at the N ``masked_positions``."""
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    start_logits: torch.Tensor
+    """(B, S) answer-start scores."""
+    end_logits: torch.Tensor
+    """(B, S) answer-end scores."""
+
+
+@dataclass
+class ClassifierOutput:
+    logits: torch.Tensor
+    """(B, num_labels) per sequence, (B, C) per choice, or (B, S, num_labels) per token."""
+
+
+class BertPredictionHeadTransform(nn.Module):
+    """dense -> activation -> LayerNorm applied before the vocabulary projection."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(hidden)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Vocabulary scores: transform, then the decoder whose weight is the word-embedding matrix.
+
+    ``decoder.weight`` and ``decoder.bias`` are aliases of the word embeddings and of ``bias``
+    (the owning model ties the weight); the checkpoint stores only ``cls.predictions.bias``.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.padded_vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+        self.decoder.bias = self.bias
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., vocab_size). The matmul runs over the padded rows (tensor-core friendly
+        shapes); the padding columns are sliced off, which is a view, not a copy."""
+        return self.decoder(self.transform(hidden))[..., : self.vocab_size]
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def _select(hidden: torch.Tensor, masked_positions: torch.Tensor | None) -> torch.Tensor:
+    """(B, S, H) -> (N, H) at the True entries of a (B, S) bool mask (row-major), or unchanged.
+
+    Running the MLM head only where labels exist skips the (B*S, H) x (H, V) matmul for the ~85% of
+    tokens that are not predicted. Boolean indexing costs one device->host sync for N.
+    """
+    if masked_positions is None:
+        return hidden
+    if masked_positions.dtype != torch.bool or masked_positions.shape != hidden.shape[:2]:
+        raise ValueError(
+            f"masked_positions must be a bool tensor of shape {tuple(hidden.shape[:2])}, got "
+            f"{masked_positions.dtype} {tuple(masked_positions.shape)}"
+        )
+    return hidden[masked_positions]
+
+
+def _classifier_dropout(config: BertConfig) -> float:
+    return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """Encoder + MLM and NSP heads (``cls.predictions``, ``cls.seq_relationship``)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.init_weights(skip_prefix="bert")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+    ) -> BertPreTrainingOutput:
+        """(B, S) inputs; ``masked_positions`` (B, S) bool limits MLM logits to those positions."""
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        mlm = self.cls.predictions(_select(out.last_hidden_state, masked_positions))
+        return BertPreTrainingOutput(mlm_logits=mlm, nsp_logits=self.cls.seq_relationship(out.pooler_output))
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """Encoder (no pooler) + MLM head (``cls.predictions``)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.init_weights(skip_prefix="bert")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+    ) -> MaskedLMOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        return MaskedLMOutput(logits=self.cls.predictions(_select(out.last_hidden_state, masked_positions)))
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Encoder (no pooler) + span head ``qa_outputs`` (H -> 2: start, end)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights(skip_prefix="bert")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> QuestionAnsweringOutput:
+        logits = self.qa_outputs(self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state)
+        start, end = logits.unbind(dim=-1)  # (B, S, 2) -> 2 x (B, S)
+        return QuestionAnsweringOutput(start_logits=start, end_logits=end)
+
+
+def _with_labels(config: BertConfig, num_labels: int | None) -> BertConfig:
+    return config if num_labels is None or num_labels == config.num_labels else config.replace(num_labels=num_labels)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Encoder + dropout + ``classifier`` on the pooled [CLS] vector.
+
+    ``num_labels`` (default: ``config.num_labels``) is stored in ``self.config`` and saved as id2label.
+    """
+
+    def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
+        super().__init__()
+        self.config = config = _with_labels(config, num_labels)
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights(skip_prefix="bert")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> ClassifierOutput:
+        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        return ClassifierOutput(logits=self.classifier(self.dropout(pooled)))  # (B, num_labels)
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """Scores C candidate sequences per example: inputs (B, C, S) -> logits (B, C)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights(skip_prefix="bert")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> ClassifierOutput:
+        b, c, s = input_ids.shape
+        # Every choice is an independent sequence: (B, C, S) -> (B*C, S).
+        flat = [t.reshape(b * c, s) if t is not None else None for t in (input_ids, attention_mask, token_type_ids)]
+        pooled = self.bert(*flat).pooler_output  # (B*C, H)
+        return ClassifierOutput(logits=self.classifier(self.dropout(pooled)).view(b, c))
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """Encoder (no pooler) + dropout + per-token ``classifier``: logits (B, S, num_labels)."""
+
+    def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
+        super().__init__()
+        self.config = config = _with_labels(config, num_labels)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights(skip_prefix="bert")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> ClassifierOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        return ClassifierOutput(logits=self.classifier(self.dropout(hidden)))
+
+
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    cls.__name__: cls
+    for cls in (BertModel, BertForPreTraining, BertForMaskedLM, BertForQuestionAnswering,
+                BertForSequenceClassification, BertForMultipleChoice, BertForTokenClassification)
+}
+"""Class name (as written in config.json ``architectures``) -> bertforge class."""

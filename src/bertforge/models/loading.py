@@ -1,0 +1,356 @@
+"""Reading and writing Hugging Face model directories; mixed into every bertforge BERT class.
+
+A model directory is ``config.json`` + ``model.safetensors`` (or ``pytorch_model.bin``, possibly
+sharded with an ``*.index.json``). Loading is strict about the encoder body and lenient about heads:
+
+* checkpoint names are normalised first: ``module.``/``_orig_mod.`` wrappers stripped, TF-style
+  ``LayerNorm.gamma/beta`` renamed, non-persistent buffers (``position_ids``) and the tied decoder
+  (``cls.predictions.decoder.*``) dropped, and the ``bert.`` base-model prefix added or removed to
+  fit the target class;
+* a head of the target class (pooler, MLM, NSP, QA, classifier) absent from the checkpoint keeps
+  its fresh initialisation (logged at INFO: the normal start of fine-tuning);
+* weights of a head the target class lacks are dropped (logged at INFO);
+* anything else missing, unexpected or of the wrong shape raises ``CheckpointError``.
+
+Vocabulary rows: the model holds ``config.padded_vocab_size`` rows; files hold ``vocab_size`` rows
+(what transformers expects). Padded checkpoints (e.g. NVIDIA's multiple of 8) are accepted too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, TypeVar
+
+import torch
+from torch import nn
+
+from bertforge.errors import CheckpointError
+from bertforge.models.config import BertConfig
+
+logger = logging.getLogger(__name__)
+
+# Prefixes of head modules across all BERT task classes (with and without the base prefix).
+HEAD_PREFIXES = ("bert.pooler.", "pooler.", "cls.predictions.", "cls.seq_relationship.", "qa_outputs.", "classifier.")
+# Aliases of other parameters: never written, ignored when read.
+TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+_VOCAB_ROW_SUFFIXES = ("embeddings.word_embeddings.weight", "cls.predictions.bias")
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
+_BODY_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+_MAX_LISTED = 12
+
+ModelT = TypeVar("ModelT", bound="BertPreTrainedModel")
+
+
+@dataclass
+class LoadReport:
+    """What ``load_hf_state_dict`` did besides copying matching weights."""
+
+    initialized: list[str] = field(default_factory=list)
+    """Model parameters absent from the checkpoint (whole heads) that kept their initial values."""
+    dropped: list[str] = field(default_factory=list)
+    """Checkpoint weights of heads this class does not have."""
+
+
+class BertPreTrainedModel(nn.Module):
+    """Base of all bertforge BERT classes: weight init, HF state dicts, from/save_pretrained."""
+
+    config: BertConfig
+    base_model_prefix: ClassVar[str] = "bert"
+    """Attribute holding the encoder in task models; "" for ``BertModel`` itself."""
+
+    # ------------------------------------------------------------------ initialisation
+    def init_weights(self, skip_prefix: str | None = None) -> None:
+        """BERT initialisation: weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0.
+
+        Embedding rows past ``vocab_size`` and the [PAD] row are zeroed. ``skip_prefix`` names a
+        submodule already initialised by its own constructor (the encoder inside task models).
+        """
+        std = self.config.initializer_range
+        with torch.no_grad():
+            for name, module in self.named_modules():
+                if skip_prefix and (name == skip_prefix or name.startswith(skip_prefix + ".")):
+                    continue
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    module.weight.normal_(0.0, std)
+                    if isinstance(module, nn.Linear) and module.bias is not None:
+                        module.bias.zero_()
+                elif isinstance(module, nn.LayerNorm):
+                    module.weight.fill_(1.0)
+                    module.bias.zero_()
+            # A tied decoder re-draws the embedding matrix above, so the zero rows are set last.
+            emb = self.word_embeddings()
+            emb.weight[self.config.vocab_size :].zero_()
+            if emb.padding_idx is not None:
+                emb.weight[emb.padding_idx].zero_()
+
+    def word_embeddings(self) -> nn.Embedding:
+        """The (padded_vocab_size, H) input embedding table."""
+        base = getattr(self, self.base_model_prefix) if self.base_model_prefix else self
+        return base.embeddings.word_embeddings
+
+    # ------------------------------------------------------------------ state dicts
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Detached state dict in Hugging Face file form: vocab rows trimmed to ``vocab_size`` and
+        the tied decoder aliases left out (transformers re-ties them on load)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in self.state_dict().items():
+            if name in TIED_KEYS:
+                continue
+            tensor = tensor.detach()
+            if name.endswith(_VOCAB_ROW_SUFFIXES):
+                tensor = tensor[: self.config.vocab_size].clone()  # own storage: safetensors rejects views
+            out[name] = tensor
+        return out
+
+    def load_hf_state_dict(self, state_dict: Mapping[str, Any], *, source: str = "state dict",
+                           ignore_mismatched_heads: bool = False) -> LoadReport:
+        """Copy a Hugging Face-named state dict into this model (rules in the module docstring).
+
+        Heads absent from ``state_dict`` keep their current values (their fresh initialisation when
+        the model was just built). With ``ignore_mismatched_heads`` a head whose shape differs (e.g. a
+        classifier with another label count) is treated as absent. ``source`` names the file in messages.
+
+        Raises:
+            CheckpointError: missing body weights, unknown weights, or shape mismatches (all listed).
+        """
+        tensors = self._normalize_names(state_dict, source)
+        own = {k: v for k, v in self.state_dict(keep_vars=True).items() if k not in TIED_KEYS}
+        if ignore_mismatched_heads:
+            for prefix in HEAD_PREFIXES:
+                group = [k for k in own if k.startswith(prefix) and k in tensors]
+                if any(not self._shape_ok(k, tensors[k].shape, own[k].shape) for k in group):
+                    tensors = {k: v for k, v in tensors.items() if not k.startswith(prefix)}
+        report = LoadReport()
+        missing = [k for k in own if k not in tensors]
+        unexpected = [k for k in tensors if k not in own]
+        for prefix in HEAD_PREFIXES:
+            group = [k for k in own if k.startswith(prefix)]
+            if group and all(k in missing for k in group):
+                report.initialized += group
+                missing = [k for k in missing if k not in group]
+        report.dropped = [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
+        unexpected = [k for k in unexpected if k not in report.dropped]
+        wrong_shape = [
+            (k, tuple(tensors[k].shape), tuple(own[k].shape))
+            for k in own
+            if k in tensors and not self._shape_ok(k, tensors[k].shape, own[k].shape)
+        ]
+        if missing or unexpected or wrong_shape:
+            raise CheckpointError(self._mismatch_message(source, missing, unexpected, wrong_shape, own, tensors))
+        vocab = self.config.vocab_size
+        with torch.no_grad():
+            for name, target in own.items():
+                if name not in tensors:
+                    continue
+                src = tensors[name]
+                if name.endswith(_VOCAB_ROW_SUFFIXES):
+                    target[:vocab].copy_(src[:vocab])
+                    target[vocab:].zero_()
+                else:
+                    target.copy_(src)
+        if report.initialized:
+            logger.info("%s: not in %s, newly initialised: %s", type(self).__name__, source,
+                        _short_list(report.initialized))
+        if report.dropped:
+            logger.info("%s: weights of other heads in %s not used: %s", type(self).__name__, source,
+                        _short_list(report.dropped))
+        return report
+
+    def _normalize_names(self, state_dict: Mapping[str, Any], source: str) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in state_dict.items():
+            if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+                raise CheckpointError(
+                    f"{source}: entry {name!r} is a {type(tensor).__name__}, not a tensor; expected a flat "
+                    "mapping of parameter names to tensors"
+                )
+            while name.startswith(_WRAPPER_PREFIXES):
+                name = name.split(".", 1)[1]
+            if name.endswith("LayerNorm.gamma"):
+                name = name[: -len("gamma")] + "weight"
+            elif name.endswith("LayerNorm.beta"):
+                name = name[: -len("beta")] + "bias"
+            if name.endswith((".position_ids", "embeddings.token_type_ids")):
+                continue  # buffers older transformers versions saved; recomputed here
+            out[name] = tensor
+        # Older checkpoints store the MLM bias only as the decoder's bias.
+        if "cls.predictions.decoder.bias" in out and "cls.predictions.bias" not in out:
+            out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"]
+        for key in TIED_KEYS:
+            out.pop(key, None)
+        has_prefix = any(k.startswith("bert.") for k in out)
+        if not self.base_model_prefix and has_prefix:
+            out = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in out.items()}
+        elif self.base_model_prefix and not has_prefix:
+            out = {("bert." + k if k.startswith(_BODY_PREFIXES) else k): v for k, v in out.items()}
+        return out
+
+    def _shape_ok(self, name: str, got: torch.Size, want: torch.Size) -> bool:
+        if got == want:
+            return True
+        if not name.endswith(_VOCAB_ROW_SUFFIXES) or got[1:] != want[1:]:
+            return False
+        rows, vocab = got[0], self.config.vocab_size
+        # Real rows, or real rows plus padding to a power-of-two multiple (NVIDIA pads to 8).
+        return rows == vocab or any(rows == (vocab + m - 1) // m * m for m in (8, 16, 32, 64, 128))
+
+    def _mismatch_message(self, source: str, missing: list[str], unexpected: list[str],
+                          wrong_shape: list[tuple[str, tuple, tuple]], own: Mapping[str, torch.Tensor],
+                          tensors: Mapping[str, torch.Tensor]) -> str:
+        lines = [f"cannot load {source} into {type(self).__name__}:"]
+
+        def section(title: str, rows: list[str]) -> None:
+            if rows:
+                lines.append(f"  {title} ({len(rows)}):")
+                lines.extend(f"    {r}" for r in rows[:_MAX_LISTED])
+                if len(rows) > _MAX_LISTED:
+                    lines.append(f"    ... and {len(rows) - _MAX_LISTED} more")
+
+        section("missing from the checkpoint", [f"{k} (model expects {list(own[k].shape)})" for k in missing])
+        section("unexpected in the checkpoint", [f"{k} {list(tensors[k].shape)}" for k in unexpected])
+        section("wrong shape", [f"{k}: checkpoint {list(g)}, model expects {list(w)}" for k, g, w in wrong_shape])
+        names = missing + unexpected + [k for k, _, _ in wrong_shape]
+        if any("final_layer_norm" in k for k in names):
+            lines.append("  The checkpoint and config.json disagree on pre_layernorm.")
+        lines.append("  Check that config.json (layers, sizes, vocab_size, num_labels) matches the weights; "
+                     "pass the right values as overrides, e.g. from_pretrained(path, num_labels=3).")
+        if any(k.startswith(HEAD_PREFIXES) for k, _, _ in wrong_shape):
+            lines.append("  To replace a head of another size with a fresh one, pass ignore_mismatched_heads=True.")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ directories
+    @classmethod
+    def from_pretrained(cls: type[ModelT], path: str | os.PathLike[str], *, ignore_mismatched_heads: bool = False,
+                        **config_overrides: Any) -> ModelT:
+        """Build from a model directory (config.json + weights); returns the model in eval mode.
+
+        ``config_overrides`` replace config.json fields (e.g. ``hidden_dropout_prob=0.0``,
+        ``num_labels=3``); weights must still fit the resulting shapes, except heads when
+        ``ignore_mismatched_heads`` (those start fresh, e.g. a 3-label classifier from a 2-label one).
+        """
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(
+                f"{path} is not a model directory (expected a folder with config.json and model.safetensors); "
+                "to start from scratch, build the model from BertConfig.from_preset(name)"
+            )
+        config = BertConfig.load(path)
+        if config_overrides:
+            config = config.replace(**config_overrides)
+        model = cls(config)
+        weights, source = read_weights(path)
+        model.load_hf_state_dict(weights, source=source, ignore_mismatched_heads=ignore_mismatched_heads)
+        return model.eval()
+
+    def save_pretrained(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+        """Write config.json and model.safetensors (each atomically) readable by transformers.
+
+        If ``tokenizer`` is given its ``save(directory)`` writes the tokenizer files. Pre-LN models
+        are saved too, but config.json marks them as loadable by bertforge only.
+        """
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = self.config.replace(architectures=[type(self).__name__])
+        tok_lower = getattr(tokenizer, "do_lower_case", None)
+        if isinstance(tok_lower, bool):
+            if config.do_lower_case is None:
+                config = config.replace(do_lower_case=tok_lower)
+            elif config.do_lower_case != tok_lower:
+                raise CheckpointError(
+                    f"tokenizer has do_lower_case={tok_lower} but the model config says "
+                    f"{config.do_lower_case}: a cased model needs a cased vocabulary and vice versa"
+                )
+        tensors = {k: v.contiguous().cpu() for k, v in self.hf_state_dict().items()}
+        tmp = directory / f".model.safetensors.tmp-{os.getpid()}"
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, directory / "model.safetensors")
+        config.to_json_file(directory / "config.json")
+        if tokenizer is not None:
+            tokenizer.save(directory)
+        return directory
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """Load all tensors of the model directory ``path``; returns them and the file named in messages."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = path / index_name
+        if index.is_file() and not (path / index_name.replace(".index.json", "")).is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            except (OSError, ValueError, KeyError, AttributeError) as exc:
+                raise CheckpointError(f"{index}: not a valid shard index ({exc})") from None
+            merged: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                merged.update(_read_file(path / shard))
+            return merged, str(index)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return _read_file(path / name), str(path / name)
+    found = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
+    raise CheckpointError(
+        f"no weights in {path}: expected model.safetensors or pytorch_model.bin (found: {found})"
+    )
+
+
+def _read_file(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise CheckpointError(f"weight file {file} is missing (listed in the shard index)")
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(file))
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise CheckpointError(f"cannot read {file}: {exc}; the file is damaged or incomplete") from None
+    data = load_torch_file(
+        file,
+        remedy="If you trust its origin, load it with torch.load(weights_only=False) and re-save the "
+        "state dict as model.safetensors.",
+    )
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} holds a {type(data).__name__}, expected a state dict (name -> tensor)")
+    return data
+
+
+def load_torch_file(file: Path, *, remedy: str, trust_pickle: bool = False) -> Any:
+    """``torch.load`` a file onto the CPU, refusing pickled Python objects unless ``trust_pickle``.
+
+    ``remedy`` tells the user what to do when the file holds more than tensors and plain containers.
+    """
+    try:
+        return torch.load(file, map_location="cpu", weights_only=not trust_pickle)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {file} does not exist") from None
+    except pickle.UnpicklingError as exc:
+        if trust_pickle:
+            raise CheckpointError(f"cannot read {file}: {exc}") from None
+        raise CheckpointError(
+            f"{file} could not be loaded as plain tensors (unpickling arbitrary objects can run code, so "
+            f"it was refused): {_unpickler_detail(exc)}. It either holds Python objects besides tensors "
+            f"or is not a PyTorch checkpoint. {remedy}"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError, ImportError, AttributeError) as exc:
+        # ImportError/AttributeError: a trusted pickle refers to a class not installed here.
+        raise CheckpointError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
+
+
+def _unpickler_detail(exc: Exception) -> str:
+    """The one informative line of torch's long weights_only error."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        tail = text.split(marker, 1)[1].strip()
+        return tail.split(". Please use", 1)[0].split("\n", 1)[0].strip().rstrip(".")
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _short_list(names: list[str]) -> str:
+    head = ", ".join(names[:_MAX_LISTED])
+    return head + (f", ... ({len(names)} in all)" if len(names) > _MAX_LISTED else "")

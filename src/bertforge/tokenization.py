@@ -1,0 +1,328 @@
+"""BERT WordPiece tokenizer on top of the `tokenizers` library.
+
+The pipeline is exactly BERT's: BertNormalizer (clean control characters, space out CJK
+characters, and for uncased models lower-case and strip accents), BertPreTokenizer (split on
+whitespace and punctuation), greedy longest-match WordPiece with "##" continuations and [UNK]
+for words over 100 characters, and the "[CLS] A [SEP] B [SEP]" template. Special-token ids are
+always looked up, never assumed: our trained vocabularies put them at 0..4, Google's at
+0 and 100..103.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+
+from bertforge.errors import DataError
+
+__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "check_casing", "vocab_casing", "read_vocab_txt"]
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_INPUT_CHARS_PER_WORD = 100
+_CASED_MIN_TOKENS = 10  # below this many upper-case tokens we do not call a vocabulary cased
+
+
+def read_vocab_txt(path: str | Path) -> list[str]:
+    """Tokens of a vocab.txt (one per line, line number = id), validated."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"vocabulary file {path} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is a directory; pass the vocab.txt inside it") from None
+    except OSError as exc:
+        raise DataError(f"cannot read vocabulary file {path}: {exc.strerror}") from None
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last line
+    tokens: list[str] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            token = line.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError:
+            raise DataError(f"{path}:{lineno}: not valid UTF-8; vocab.txt must be UTF-8") from None
+        if not token:
+            raise DataError(f"{path}:{lineno}: empty line; vocab.txt has one token on every line")
+        if " " in token or "\t" in token:
+            raise DataError(
+                f"{path}:{lineno}: token {token!r} contains a space or tab; a vocab.txt holds one "
+                "token per line and nothing else (is this a word-count or SentencePiece file?)"
+            )
+        if token in seen:
+            raise DataError(
+                f"{path}:{lineno}: token {token!r} repeats line {seen[token]}; each token once"
+            )
+        seen[token] = lineno
+        tokens.append(token)
+    if not tokens:
+        raise DataError(f"vocabulary file {path} is empty; build one with `bertforge vocab`")
+    return tokens
+
+
+def vocab_casing(vocab_tokens: Sequence[str]) -> str | None:
+    """"cased", "uncased", or None when the tokens do not tell (caseless scripts, few acronyms)."""
+    words = [t for t in vocab_tokens if not (t.startswith("[") and t.endswith("]"))]
+    upper = sum(any(ch.isupper() for ch in t) for t in words)
+    if upper >= max(_CASED_MIN_TOKENS, len(words) // 100):
+        return "cased"
+    if upper == 0 and any(ch.islower() for t in words for ch in t):
+        return "uncased"
+    return None
+
+
+def check_casing(vocab_tokens: Sequence[str], do_lower_case: bool, source: str) -> None:
+    """Raise ``DataError`` when lower-casing does not fit the vocabulary's casing.
+
+    A vocabulary with many upper-case tokens was built from cased text: lower-casing the input
+    makes those tokens unreachable. One with lower-case letters but no upper-case token was
+    built from lower-cased text: keeping case sends every capitalised word to rare pieces.
+    """
+    casing = vocab_casing(vocab_tokens)
+    if do_lower_case and casing == "cased":
+        upper = [t for t in vocab_tokens if any(ch.isupper() for ch in t) and t[:1] != "["]
+        whole = [t for t in upper if not t.startswith("##")] or upper  # whole words read best
+        raise DataError(
+            f"{source}: the vocabulary is cased ({len(upper)} tokens have upper-case letters, "
+            f"e.g. {', '.join(repr(t) for t in whole[:3])}) but lower-casing is on, so those "
+            "tokens could never be used. Keep case (lowercase=False, --cased) or use an "
+            "uncased vocabulary."
+        )
+    if not do_lower_case and casing == "uncased":
+        raise DataError(
+            f"{source}: the vocabulary is uncased (no token has an upper-case letter) but "
+            "lower-casing is off, so capitalised words would become [UNK] or rare pieces. "
+            "Lower-case the input (lowercase=True, drop --cased) or use a cased vocabulary."
+        )
+
+
+def _bert_normalizer(lowercase: bool) -> normalizers.Normalizer:
+    # BERT strips accents exactly when it lower-cases; cased models keep both.
+    return normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+
+
+def _wordpiece(vocab: dict[str, int] | None) -> WordPiece:
+    return WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write through a temporary file in the same directory, then rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class BertTokenizer:
+    """WordPiece tokenizer with BERT's normalization; a thin layer over ``tokenizers.Tokenizer``."""
+
+    def __init__(
+        self,
+        vocab_tokens: Sequence[str],
+        do_lower_case: bool = True,
+        model_max_length: int = 512,
+        source: str = "vocabulary",
+    ) -> None:
+        missing = [t for t in SPECIAL_TOKENS if t not in set(vocab_tokens)]
+        if missing:
+            raise DataError(
+                f"{source}: special token(s) {', '.join(missing)} missing from the vocabulary; "
+                f"a BERT vocabulary needs all of {' '.join(SPECIAL_TOKENS)} (add them as lines, "
+                "or build the vocabulary with `bertforge vocab`)"
+            )
+        self.vocab: tuple[str, ...] = tuple(vocab_tokens)  # tokens in id order
+        self.vocab_size = len(self.vocab)
+        self.do_lower_case = bool(do_lower_case)
+        self.model_max_length = int(model_max_length)
+        vocab = {token: i for i, token in enumerate(self.vocab)}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            vocab[t] for t in SPECIAL_TOKENS
+        )
+        backend = Tokenizer(_wordpiece(vocab))
+        backend.normalizer = _bert_normalizer(self.do_lower_case)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+        )
+        backend.decoder = decoders.WordPiece(prefix="##")
+        # Registered as special so that "[MASK]" typed in text is one token, as in transformers.
+        backend.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+        )
+        self.backend = backend
+        # [vocab_size] bool: "##" pieces, which whole-word masking keeps with their word.
+        self.is_continuation = np.array([t.startswith("##") for t in self.vocab], dtype=bool)
+        self.vocab_hash = hashlib.sha256(("\n".join(self.vocab) + "\n").encode("utf-8")).hexdigest()
+
+    # -- loading and saving --------------------------------------------------------------------
+
+    @classmethod
+    def from_file(cls, path: str | Path, lowercase: bool | None = None) -> BertTokenizer:
+        """Load a vocab.txt or a WordPiece tokenizer.json.
+
+        ``lowercase=None`` takes the casing from tokenizer.json, or for a vocab.txt guesses it
+        from the tokens (uncased unless the vocabulary is clearly cased). An explicit value is
+        checked against the vocabulary with ``check_casing``.
+        """
+        path = Path(path)
+        if path.suffix == ".json":
+            tokens, stored_lower = _read_tokenizer_json(path)
+        else:
+            tokens, stored_lower = read_vocab_txt(path), None
+        if lowercase is not None:
+            check_casing(tokens, lowercase, str(path))
+            do_lower = lowercase
+        else:
+            do_lower = vocab_casing(tokens) != "cased" if stored_lower is None else stored_lower
+        return cls(tokens, do_lower_case=do_lower, source=str(path))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, lowercase: bool | None = None) -> BertTokenizer:
+        """Load a directory written by ``save`` or by transformers (tokenizer.json or vocab.txt).
+
+        Casing comes from tokenizer_config.json's ``do_lower_case`` (else tokenizer.json, else
+        the tokens). A ``lowercase`` that contradicts it is checked against the vocabulary:
+        ``DataError`` if it does not fit, otherwise it wins.
+        """
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise DataError(f"tokenizer directory {directory} does not exist; check the path")
+        config_path = directory / "tokenizer_config.json"
+        config = _read_json(config_path) if config_path.exists() else {}
+        json_path, txt_path = directory / "tokenizer.json", directory / "vocab.txt"
+        if json_path.exists():
+            tokens, stored_lower = _read_tokenizer_json(json_path)
+        elif txt_path.exists():
+            tokens, stored_lower = read_vocab_txt(txt_path), None
+        else:
+            raise DataError(
+                f"{directory} has neither tokenizer.json nor vocab.txt; is it a model directory?"
+            )
+        if isinstance(config.get("do_lower_case"), bool):
+            stored_lower = config["do_lower_case"]
+        if stored_lower is None:
+            stored_lower = vocab_casing(tokens) != "cased"
+        if lowercase is not None and lowercase != stored_lower:
+            source = f"{directory} was saved with do_lower_case={stored_lower}, not {lowercase}"
+            check_casing(tokens, lowercase, source)
+            stored_lower = lowercase
+        max_len = config.get("model_max_length", 512)
+        max_len = max_len if isinstance(max_len, int) and 0 < max_len < 10**9 else 512
+        return cls(tokens, stored_lower, model_max_length=max_len, source=str(directory))
+
+    def save(self, directory: str | Path) -> None:
+        """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json.
+
+        transformers' AutoTokenizer and BertTokenizerFast load the directory as they are.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.save_vocab(directory / "vocab.txt")
+        self.save_tokenizer_json(directory / "tokenizer.json")
+        names = {f"{t[1:-1].lower()}_token": t for t in SPECIAL_TOKENS}  # "pad_token": "[PAD]"
+        config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.do_lower_case,
+            "tokenize_chinese_chars": True,
+            "strip_accents": None,  # None = follow do_lower_case, which is BERT's rule
+            "model_max_length": self.model_max_length,
+            "clean_up_tokenization_spaces": True,
+            **names,
+        }
+        files = {"tokenizer_config.json": config, "special_tokens_map.json": names}
+        for name, payload in files.items():
+            text = json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
+            _atomic_write(directory / name, lambda p, t=text: p.write_text(t, encoding="utf-8"))
+
+    def save_vocab(self, path: str | Path) -> None:
+        """Write vocab.txt (one token per line, in id order) atomically."""
+        text = "\n".join(self.vocab) + "\n"
+        _atomic_write(Path(path), lambda p: p.write_text(text, encoding="utf-8"))
+
+    def save_tokenizer_json(self, path: str | Path) -> None:
+        """Write the whole pipeline as a ``tokenizers`` JSON file, atomically."""
+        _atomic_write(Path(path), lambda p: self.backend.save(str(p), pretty=True))
+
+    # -- encoding -------------------------------------------------------------------------------
+
+    def encode(self, text: str, pair: str | None = None) -> list[int]:
+        """Ids of ``[CLS] text [SEP]`` or ``[CLS] text [SEP] pair [SEP]``."""
+        return self.backend.encode(text, pair, add_special_tokens=True).ids
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = False
+    ) -> list[list[int]]:
+        """Ids of many texts at once (parallel in Rust); no special tokens by default."""
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [e.ids for e in encodings]
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of ``text``, without special tokens."""
+        return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text from ids; "##" pieces are glued back to the word they continue."""
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        return [self.vocab[i] for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+        ids = (self.backend.token_to_id(t) for t in tokens)
+        return [self.unk_id if i is None else i for i in ids]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist; check the path") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not UTF-8 text; is it the right file?") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+def _read_tokenizer_json(path: Path) -> tuple[list[str], bool | None]:
+    """(tokens in id order, lowercase flag of its BertNormalizer or None) of a tokenizer.json."""
+    data = _read_json(path)
+    model = data.get("model") or {}
+    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+        raise DataError(
+            f"{path}: model type is {model.get('type')!r}, not a WordPiece vocabulary; "
+            "BERT needs a WordPiece tokenizer.json or a vocab.txt"
+        )
+    by_id = {i: t for t, i in model["vocab"].items()}
+    for added in data.get("added_tokens") or []:
+        by_id.setdefault(added.get("id"), added.get("content"))
+    if not by_id:
+        raise DataError(f"{path}: the vocabulary is empty; build one with `bertforge vocab`")
+    if sorted(by_id) != list(range(len(by_id))):
+        raise DataError(
+            f"{path}: token ids are not 0..{len(by_id) - 1} without gaps; the file is damaged"
+        )
+    normalizer = data.get("normalizer") or {}
+    lower = normalizer.get("lowercase") if normalizer.get("type") == "BertNormalizer" else None
+    return [by_id[i] for i in range(len(by_id))], lower
