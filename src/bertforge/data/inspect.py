@@ -1,0 +1,166 @@
+"""``bertforge inspect``: a human look at prepared data.
+
+For a native directory: the manifest in a few lines, then a few instances decoded to tokens with
+their segment ids, and one draw of the dynamic masking the loader would apply. For hdf5 shards
+(ours or NVIDIA's/Google's): the schema, the row count, and a few rows decoded with their static
+masks. Nothing here writes; everything returns a string.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertforge.data import native
+from bertforge.errors import DataError
+
+_NSP_NAMES = {0: "IsNext / in order", 1: "random next / swapped", -1: "no pair objective"}
+_HDF5_SUFFIXES = (".hdf5", ".h5")
+
+
+def inspect_dataset(path: str | Path, num: int = 3, seed: int = 0, *,
+                    vocab: str | Path | None = None) -> str:
+    """Describe a native ``prepare`` directory, an hdf5 shard, or a directory of hdf5 shards.
+
+    ``num`` instances are drawn at random with ``seed`` (the same seed shows the same ones).
+    Token ids are decoded with ``vocab`` if given, else with the tokenizer saved by ``prepare``
+    next to the data (``<dir>/tokenizer``), else shown as ids.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file or directory; give a `bertforge prepare` output "
+                        "directory or hdf5 shard(s)")
+    if path.is_dir() and (path / native.MANIFEST_NAME).is_file():
+        manifest = native.read_manifest(path, native_only=False)
+        tok = _tokenizer(vocab, [path / manifest.get("tokenizer", "tokenizer")])
+        head = _manifest_summary(path, manifest)
+        if manifest["format"] == native.FORMAT_NAME:
+            return head + "\n\n" + _native_samples(path, manifest, tok, num, seed)
+        files = sorted((path / "train").glob("*.hdf5"))
+        return head + "\n\n" + _hdf5_samples(files, tok, num, seed)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in _HDF5_SUFFIXES)
+        if not files:
+            raise DataError(f"{path}: no manifest.json and no *.hdf5/*.h5 files; give a "
+                            "`bertforge prepare` output directory or hdf5 shard(s)")
+    else:
+        files = [path]
+    near = [files[0].parent / "tokenizer", files[0].parent.parent / "tokenizer"]
+    return _hdf5_samples(files, _tokenizer(vocab, near), num, seed)
+
+
+def _tokenizer(vocab: str | Path | None, candidates: Sequence[Path]) -> Any:
+    from bertforge.tokenization import BertTokenizer
+
+    if vocab is not None:
+        vocab = Path(vocab)
+        return BertTokenizer.from_pretrained(vocab) if vocab.is_dir() else BertTokenizer.from_file(vocab)
+    for c in candidates:
+        if c.is_dir():
+            return BertTokenizer.from_pretrained(c)
+    return None
+
+
+def _manifest_summary(path: Path, m: dict[str, Any]) -> str:
+    c = m["counts"]
+    lines = [
+        f"{path}: {m['format']} v{m['format_version']}, objective {m['objective']}, "
+        f"max_seq_length {m['max_seq_length']}, seed {m['seed']}",
+        f"  vocab      {m['vocab_size']} tokens, sha256 {m['vocab_hash'][:12]}..., "
+        f"{'lower-cased' if m['do_lower_case'] else 'cased'}; special ids {m['special_ids']}",
+        f"  masking    masked_lm_prob {m['masked_lm_prob']}, max_predictions "
+        f"{m['max_predictions']}, whole_word_masking {m['whole_word_masking']}"
+        + (f", dupe_factor {m['dupe_factor']} (static)" if m["format"] != native.FORMAT_NAME
+           else " (loader defaults)"),
+        f"  totals     {c['documents']:,} documents, {c['sentences']:,} sentences, "
+        f"{c['instances']:,} instances, {c['tokens']:,} tokens",
+    ]
+    for name, s in m["splits"].items():
+        lines.append(f"  {name:<10} {s['instances']:,} instances in {len(s['shards'])} shard(s), "
+                     f"{s['tokens']:,} tokens")
+        total = max(1, s["instances"])
+        for lo, hi, count in s["length_histogram"]:
+            bar = "#" * max(1, round(40 * count / total)) if count else ""
+            lines.append(f"    len {lo:>4}-{hi:<4} {count:>9,}  {bar}")
+    return "\n".join(lines)
+
+
+def _tokens(tok: Any, ids: Sequence[int]) -> list[str]:
+    ids = [int(i) for i in ids]
+    return tok.convert_ids_to_tokens(ids) if tok is not None else [str(i) for i in ids]
+
+
+def _native_samples(path: Path, m: dict[str, Any], tok: Any, num: int, seed: int) -> str:
+    split = "train" if m["splits"].get("train", {}).get("instances") else next(
+        (s for s, v in m["splits"].items() if v["instances"]), "train")
+    ds = native.NativeDataset(path, split)
+    if len(ds) == 0:
+        return f"(split {split} holds no instances)"
+    picks = np.random.default_rng(seed).choice(len(ds), size=min(num, len(ds)), replace=False)
+    out = []
+    for i in sorted(int(p) for p in picks):
+        item = ds[i]
+        words = _tokens(tok, item.tokens)
+        n = len(words)
+        out.append(f"{split}[{i}]: {n} tokens, A {item.a_length} / B {n - item.a_length}, "
+                   f"nsp_label {item.nsp_label} ({_NSP_NAMES.get(item.nsp_label, '?')})")
+        out.append("  tokens   " + " ".join(words))
+        out.append("  segments " + "".join("0" if k < item.a_length else "1" for k in range(n)))
+        masked = _dynamic_mask(item.tokens, m, tok, seed, i)
+        if masked is not None:
+            ids, positions, labels = masked
+            out.append(f"  masked   (loader draw, seed {seed}, epoch 0; shown as input(original))")
+            out.append("           " + _show_masked(tok, ids, positions, labels))
+    return "\n".join(out)
+
+
+def _dynamic_mask(tokens: np.ndarray, m: dict[str, Any], tok: Any, seed: int,
+                  index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """One draw of the loader's masking for this instance, if the masking module is available."""
+    try:
+        from bertforge.data.masking import mask_tokens, sample_rng
+    except ImportError:  # pragma: no cover - the masking module ships with the loader
+        return None
+    wwm = bool(m.get("whole_word_masking")) and tok is not None
+    return mask_tokens(
+        np.asarray(tokens, dtype=np.int64), sample_rng(seed, 0, index),
+        masked_lm_prob=m["masked_lm_prob"], max_predictions=m["max_predictions"],
+        mask_id=m["special_ids"]["mask"], vocab_size=m["vocab_size"],
+        special_ids=sorted(set(m["special_ids"].values())),
+        is_continuation=tok.is_continuation if wwm else None)
+
+
+def _show_masked(tok: Any, ids: np.ndarray, positions: np.ndarray, labels: np.ndarray) -> str:
+    words = _tokens(tok, ids)
+    originals = dict(zip((int(p) for p in positions), _tokens(tok, labels)))
+    return " ".join(f"{w}({originals[k]})" if k in originals else w for k, w in enumerate(words))
+
+
+def _hdf5_samples(files: list[Path], tok: Any, num: int, seed: int) -> str:
+    import h5py
+
+    from bertforge.data.hdf5 import IGNORE_INDEX, Hdf5Dataset
+
+    if not files:
+        return "(no hdf5 shards)"
+    ds = Hdf5Dataset(files)
+    lines = [f"{len(files)} hdf5 file(s), {len(ds):,} rows; schema of {files[0]}:"]
+    try:
+        with h5py.File(files[0], "r") as f:
+            for name, d in f.items():
+                lines.append(f"  {name:<22} {str(d.dtype):<6} {tuple(d.shape)}")
+    except OSError as e:
+        raise DataError(f"{files[0]}: cannot open as hdf5 ({e})") from e
+    if len(ds) == 0:
+        return "\n".join(lines + ["(no rows)"])
+    picks = np.random.default_rng(seed).choice(len(ds), size=min(num, len(ds)), replace=False)
+    for i in sorted(int(p) for p in picks):
+        ids, types, labels, nsp = ds.get_static(i)
+        where = np.flatnonzero(labels != IGNORE_INDEX)
+        lines.append(f"row {i}: {len(ids)} tokens, {len(where)} masked, next_sentence_label {nsp} "
+                     f"({_NSP_NAMES.get(nsp, '?')})")
+        lines.append("  tokens   " + _show_masked(tok, ids, where, labels[where]))
+        lines.append("  segments " + "".join(str(int(t)) for t in types))
+    return "\n".join(lines)

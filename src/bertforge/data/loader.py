@@ -1,0 +1,442 @@
+"""The stateful, resumable pretraining loader: sample order, rank/micro-batch split, collation.
+
+Determinism contract (docs/loader.md): the order of an epoch depends only on (seed, epoch), the
+dataset and the batch settings; the mask of a sample only on (seed, epoch, sample index).
+Global batch g of an epoch holds ``global_batch_size`` samples, split row-major into
+``world_size * k`` chunks of ``micro_batch_size`` (k = accumulation steps); rank r's j-th
+micro-step takes chunk ``c = r * k + j``. One process with k accumulation steps and k processes
+with one step each therefore see the same global batches with the same masks, and ranks never
+share a sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from bertforge.data import native
+from bertforge.data.masking import mask_tokens, normalize_special_ids, order_rng, sample_rng
+from bertforge.errors import CheckpointError, ConfigError, DataError
+
+IGNORE_INDEX = -100
+
+
+class PretrainingDataset(Protocol):
+    """Unmasked token sequences; the loader masks them on the fly."""
+
+    lengths: np.ndarray  # (N,) tokens per sample incl. [CLS]/[SEP]
+
+    def __len__(self) -> int: ...
+
+    def get(self, i: int) -> tuple[np.ndarray, int, int]:
+        """(tokens (L,), a_length = len("[CLS] A [SEP]"), nsp_label in {0, 1, -1})."""
+        ...
+
+
+class StaticMaskedDataset(Protocol):
+    """Pre-masked samples (NVIDIA/Google hdf5); the loader only orders and pads them."""
+
+    def __len__(self) -> int: ...
+
+    def get_static(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(input_ids (L,), token_type_ids (L,), mlm_labels (L,) with -100, nsp_label)."""
+        ...
+
+
+@dataclass(frozen=True)
+class MaskingSpec:
+    """What dynamic masking needs besides the sample and its generator."""
+
+    masked_lm_prob: float
+    max_predictions: int
+    mask_id: int
+    vocab_size: int
+    special_ids: np.ndarray  # sorted unique int64
+    is_continuation: np.ndarray | None  # (vocab_size,) bool for whole-word masking, else None
+
+
+Row = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # input_ids, token_type_ids, mlm_labels, nsp
+
+
+def collate_rows(rows: Sequence[Row], *, pad_id: int,
+                 pad_to_multiple_of: int) -> dict[str, torch.Tensor]:
+    """Pad rows to the longest one rounded up to ``pad_to_multiple_of`` (contracts.md batch).
+
+    Returns int64 tensors input_ids, attention_mask, token_type_ids, mlm_labels (B, S) and
+    nsp_labels (B,), with -100 where nothing is predicted.
+    """
+    longest = max(len(r[0]) for r in rows)
+    s = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    b = len(rows)
+    input_ids = np.full((b, s), pad_id, dtype=np.int64)
+    attention = np.zeros((b, s), dtype=np.int64)
+    types = np.zeros((b, s), dtype=np.int64)
+    labels = np.full((b, s), IGNORE_INDEX, dtype=np.int64)
+    nsp = np.empty(b, dtype=np.int64)
+    for i, (ids, tt, lab, ns) in enumerate(rows):  # loop over samples, not tokens
+        n = len(ids)
+        input_ids[i, :n] = ids
+        attention[i, :n] = 1
+        types[i, :n] = tt
+        labels[i, :n] = lab
+        nsp[i] = IGNORE_INDEX if ns < 0 else ns
+    out = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": types,
+           "mlm_labels": labels, "nsp_labels": nsp}
+    return {k: torch.from_numpy(v) for k, v in out.items()}
+
+
+class MicroBatchMaker(torch.utils.data.Dataset):
+    """Turns (epoch, sample indices) into a collated micro-batch; runs in loader workers.
+
+    A map-style dataset whose keys are ``(epoch, indices)`` so a torch DataLoader can run the
+    masking in worker processes while the main process decides the order.
+    """
+
+    def __init__(self, dataset: Any, *, seed: int, masking: MaskingSpec | None, pad_id: int,
+                 pad_to_multiple_of: int) -> None:
+        self.dataset, self.seed, self.masking = dataset, seed, masking
+        self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
+
+    def _dynamic_row(self, index: int, epoch: int) -> Row:
+        m = self.masking
+        assert m is not None
+        tokens, a_length, nsp = self.dataset.get(index)
+        ids, positions, targets = mask_tokens(
+            np.asarray(tokens), sample_rng(self.seed, epoch, index),
+            masked_lm_prob=m.masked_lm_prob, max_predictions=m.max_predictions, mask_id=m.mask_id,
+            vocab_size=m.vocab_size, special_ids=m.special_ids, is_continuation=m.is_continuation)
+        labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int64)
+        labels[positions] = targets
+        types = (np.arange(len(ids)) >= a_length).astype(np.int64)  # 0 for "[CLS] A [SEP]"
+        return ids, types, labels, int(nsp)
+
+    def __getitem__(self, key: tuple[int, np.ndarray]) -> dict[str, torch.Tensor]:
+        epoch, indices = key
+        if self.masking is None:
+            rows = [self.dataset.get_static(int(i)) for i in indices]
+        else:
+            rows = [self._dynamic_row(int(i), epoch) for i in indices]
+        return collate_rows(rows, pad_id=self.pad_id, pad_to_multiple_of=self.pad_to_multiple_of)
+
+
+def length_bins(lengths: np.ndarray, num_bins: int) -> np.ndarray:
+    """Bin id per sample: equal-width length ranges over [1, max length]. (N,) int64."""
+    width = max(1, -(-int(lengths.max()) // num_bins))
+    return np.clip((np.asarray(lengths, dtype=np.int64) - 1) // width, 0, num_bins - 1)
+
+
+def _cut(stream: np.ndarray, global_batch_size: int, drop_last: bool) -> np.ndarray:
+    """(n, G) rows of ``stream``; the tail is dropped or completed from the stream's start."""
+    g = global_batch_size
+    n = len(stream) // g if drop_last else -(-len(stream) // g)
+    return np.resize(stream, n * g).reshape(n, g)
+
+
+def epoch_batches(num_samples: int, global_batch_size: int, *, seed: int, epoch: int,
+                  bins: np.ndarray | None = None, shard_offsets: np.ndarray | None = None,
+                  drop_last: bool = True) -> np.ndarray:
+    """The global batches of one epoch as sample indices, (num_batches, global_batch_size).
+
+    Default: each bin (all samples when ``bins`` is None) is shuffled and cut into whole global
+    batches; a bin's remainder is dropped, or with ``drop_last=False`` completed by wrapping
+    around to the bin's first samples; the batches of all bins are then shuffled together.
+
+    With ``shard_offsets`` ((F + 1,) first index of each shard; for files that are only cheap
+    to read whole, like gzip hdf5) the shards are visited in random order, each shard's samples
+    shuffled, and the resulting stream is cut into batches in order, so a batch touches one or
+    two shards.
+    """
+    rng = order_rng(seed, epoch)
+    if shard_offsets is not None:
+        starts, ends = shard_offsets[:-1], shard_offsets[1:]
+        stream = [starts[f] + rng.permutation(ends[f] - starts[f])
+                  for f in rng.permutation(len(starts))]
+        return _cut(np.concatenate(stream), global_batch_size, drop_last)
+    if bins is None:
+        groups = [np.arange(num_samples)]
+    else:
+        by_bin = np.argsort(bins, kind="stable")
+        groups = np.split(by_bin, np.cumsum(np.bincount(bins))[:-1])
+    out = [_cut(members[rng.permutation(len(members))], global_batch_size, drop_last)
+           for members in groups if len(members)]  # a loop over a handful of bins
+    batches = np.concatenate(out) if out else np.empty((0, global_batch_size), dtype=np.int64)
+    return batches[rng.permutation(len(batches))]
+
+
+def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
+    """k = global / (micro x world); ConfigError naming the numbers when not a whole number."""
+    per_step = micro_batch_size * world_size
+    if global_batch_size % per_step:
+        nearest = max(1, round(global_batch_size / per_step)) * per_step
+        raise ConfigError(
+            f"global_batch_size={global_batch_size} is not divisible by micro_batch_size="
+            f"{micro_batch_size} x world_size={world_size} = {per_step}; choose a global batch "
+            f"size that is a multiple of {per_step} (e.g. {nearest}) or change the micro batch "
+            f"size")
+    return global_batch_size // per_step
+
+
+class PretrainingLoader:
+    """Infinite iterator of this rank's micro-batches, resumable at any global batch.
+
+    Iterating yields contracts.md micro-batch dicts forever; ``epoch`` advances on its own and
+    the train loop decides when to stop. ``state_dict()`` taken after the last micro-batch of a
+    global batch resumes at exactly the next global batch (a partially consumed global batch is
+    replayed from its start). Only one iterator should be active at a time.
+    """
+
+    def __init__(self, dataset: Any, *, global_batch_size: int, micro_batch_size: int,
+                 rank: int = 0, world_size: int = 1, seed: int = 0, masked_lm_prob: float = 0.15,
+                 max_predictions: int = 20, whole_word_masking: bool = False,
+                 is_continuation: np.ndarray | None = None, mask_id: int | None = None,
+                 pad_id: int = 0, vocab_size: int | None = None,
+                 special_ids: Sequence[int] | np.ndarray = (), bin_by_length: bool = False,
+                 num_bins: int = 8, drop_last: bool = True, num_workers: int = 0,
+                 pad_to_multiple_of: int = 8, pin_memory: bool = False) -> None:
+        for name, value in (("global_batch_size", global_batch_size),
+                            ("micro_batch_size", micro_batch_size), ("world_size", world_size),
+                            ("num_bins", num_bins), ("pad_to_multiple_of", pad_to_multiple_of)):
+            if value < 1:
+                raise ConfigError(f"{name}={value} must be at least 1")
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank={rank} must be in [0, world_size={world_size})")
+        if num_workers < 0:
+            raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        if seed < 0:
+            raise ConfigError(f"seed={seed} must be >= 0")
+        self.dataset = dataset
+        self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
+        self.rank, self.world_size = rank, world_size
+        self.accumulation_steps = accumulation_steps(global_batch_size, micro_batch_size,
+                                                     world_size)
+        self.seed, self.drop_last = seed, drop_last
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.static_masks = hasattr(dataset, "get_static")
+        masking = None if self.static_masks else self._masking_spec(
+            masked_lm_prob, max_predictions, whole_word_masking, is_continuation, mask_id,
+            vocab_size, special_ids, pad_id)
+        self._maker = MicroBatchMaker(dataset, seed=seed, masking=masking, pad_id=pad_id,
+                                      pad_to_multiple_of=pad_to_multiple_of)
+        self._shard_offsets = getattr(dataset, "shard_offsets", None)
+        if bin_by_length and self._shard_offsets is not None:
+            raise ConfigError("bin_by_length=True needs random access to samples, but this "
+                              "dataset is read shard by shard (hdf5); set bin_by_length=false "
+                              "or prepare native shards with `bertforge prepare`")
+        # Only binning needs the lengths; hdf5 datasets compute them lazily (a full read).
+        self._bins = length_bins(np.asarray(dataset.lengths), num_bins) if bin_by_length else None
+        self.batches_per_epoch = self._count_batches(len(dataset))
+        self.epoch, self.batches_consumed = 0, 0
+        self._fingerprint = self._dataset_fingerprint()
+        self._order_cache: tuple[int, np.ndarray] | None = None
+
+    @staticmethod
+    def _masking_spec(masked_lm_prob: float, max_predictions: int, whole_word_masking: bool,
+                      is_continuation: np.ndarray | None, mask_id: int | None,
+                      vocab_size: int | None, special_ids: Sequence[int] | np.ndarray,
+                      pad_id: int) -> MaskingSpec:
+        if not 0.0 < masked_lm_prob <= 1.0:
+            raise ConfigError(f"masked_lm_prob={masked_lm_prob} must be in (0, 1]")
+        if max_predictions < 1:
+            raise ConfigError(f"max_predictions={max_predictions} must be at least 1")
+        if mask_id is None or vocab_size is None:
+            raise ConfigError("dynamic masking needs mask_id and vocab_size (the tokenizer's "
+                              "mask_id and vocab_size, or a native shard directory's manifest)")
+        if whole_word_masking and is_continuation is None:
+            raise ConfigError("whole_word_masking=True needs is_continuation (pass "
+                              "is_continuation=tokenizer.is_continuation)")
+        # [MASK] and [PAD] are never targets nor random replacements, listed or not.
+        specials = np.union1d(normalize_special_ids(special_ids), [mask_id, pad_id])
+        wwm = np.asarray(is_continuation, dtype=bool) if whole_word_masking else None
+        return MaskingSpec(masked_lm_prob, max_predictions, int(mask_id), int(vocab_size),
+                           specials, wwm)
+
+    def _count_batches(self, n: int) -> int:
+        counts = [n] if self._bins is None else np.bincount(self._bins).tolist()
+        g = self.global_batch_size
+        total = sum(c // g if self.drop_last else -(-c // g) for c in counts)
+        if total == 0:
+            where = "any length bin" if self._bins is not None else "the dataset"
+            raise DataError(f"{where} holds fewer samples than one global batch of "
+                            f"{g} (dataset has {n}); lower global_batch_size, add data, "
+                            f"or set drop_last=False")
+        return total
+
+    def _dataset_fingerprint(self) -> str:
+        own = getattr(self.dataset, "fingerprint", None)
+        if own is not None:
+            return str(own)
+        lengths = np.asarray(self.dataset.lengths, dtype=np.int64)
+        return f"{len(self.dataset)} samples, {int(lengths.sum())} tokens"
+
+    def __len__(self) -> int:
+        """Micro-batches this rank yields per epoch."""
+        return self.batches_per_epoch * self.accumulation_steps
+
+    def epoch_batches(self, epoch: int) -> np.ndarray:
+        """All global batches of ``epoch``, (batches_per_epoch, global_batch_size) indices."""
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            order = epoch_batches(len(self.dataset), self.global_batch_size, seed=self.seed,
+                                  epoch=epoch, bins=self._bins,
+                                  shard_offsets=self._shard_offsets, drop_last=self.drop_last)
+            self._order_cache = (epoch, order)
+        return self._order_cache[1]
+
+    def rank_indices(self, epoch: int, batch: int) -> np.ndarray:
+        """This rank's samples in global batch ``batch``: (k, micro_batch_size); row j = step j."""
+        k = self.accumulation_steps
+        chunks = self.epoch_batches(epoch)[batch].reshape(self.world_size * k,
+                                                          self.micro_batch_size)
+        return chunks[self.rank * k:(self.rank + 1) * k]
+
+    def _keys(self, epoch: int, start: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(epoch, micro-batch indices) for this rank from a position on, forever."""
+        while True:
+            for g in range(start, self.batches_per_epoch):
+                for indices in self.rank_indices(epoch, g):
+                    yield epoch, indices
+            epoch, start = epoch + 1, 0
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        keys = self._keys(self.epoch, self.batches_consumed)
+        if self.num_workers == 0:
+            batches: Any = map(self._maker.__getitem__, keys)
+        else:
+            # The order is decided here; workers only read, mask and pad. The DataLoader returns
+            # results in sampler order, so the stream equals the num_workers=0 stream.
+            # A private generator: DataLoader draws its workers' base seed from it instead of the
+            # global torch RNG, so starting the loader never shifts the model's dropout stream
+            # (a resumed run must draw the same dropout masks as an uninterrupted one).
+            batches = iter(torch.utils.data.DataLoader(
+                self._maker, batch_size=None, sampler=_KeyStream(keys),
+                num_workers=self.num_workers, pin_memory=self.pin_memory,
+                generator=torch.Generator().manual_seed(self.seed)))
+        step = 0
+        for batch in batches:
+            step += 1
+            if step == self.accumulation_steps:
+                # Count the global batch before handing out its last micro-batch, so a state
+                # saved after the optimizer step points at the next global batch.
+                step = 0
+                self.batches_consumed += 1
+                if self.batches_consumed == self.batches_per_epoch:
+                    self.epoch, self.batches_consumed = self.epoch + 1, 0
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position and identity of the stream; plain ints and strings (JSON-safe)."""
+        return {"epoch": self.epoch, "batches_consumed": self.batches_consumed, "seed": self.seed,
+                "global_batch_size": self.global_batch_size,
+                "dataset_fingerprint": self._fingerprint}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the next global batch of a saved stream (adopting its seed)."""
+        missing = {"epoch", "batches_consumed", "seed", "global_batch_size",
+                   "dataset_fingerprint"} - set(state)
+        if missing:
+            raise CheckpointError(f"loader state is missing {sorted(missing)}; it was not written "
+                                  f"by PretrainingLoader.state_dict()")
+        if state["dataset_fingerprint"] != self._fingerprint:
+            raise CheckpointError(
+                f"loader state was saved for a dataset with {state['dataset_fingerprint']}, but "
+                f"this dataset has {self._fingerprint}; resume with the same prepared data, or "
+                f"start the data stream afresh (e.g. for a new phase) without loading this state")
+        if state["global_batch_size"] != self.global_batch_size:
+            raise CheckpointError(
+                f"loader state was saved with global_batch_size={state['global_batch_size']}, "
+                f"but this run uses {self.global_batch_size}; the batch order would differ, so "
+                f"keep the global batch size when resuming (micro batch size and world size may "
+                f"change)")
+        if not 0 <= int(state["batches_consumed"]) < self.batches_per_epoch:
+            raise CheckpointError(
+                f"loader state batches_consumed={state['batches_consumed']} is outside "
+                f"[0, {self.batches_per_epoch}) for this dataset and configuration")
+        self.seed = self._maker.seed = int(state["seed"])
+        self._order_cache = None
+        self.epoch, self.batches_consumed = int(state["epoch"]), int(state["batches_consumed"])
+
+
+class _KeyStream:
+    """Wraps the key generator as a DataLoader sampler (iterated once, never sized)."""
+
+    def __init__(self, keys: Iterator[tuple[int, np.ndarray]]) -> None:
+        self._keys = keys
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        return self._keys
+
+
+def _manifest_defaults(root: Path, manifest: dict[str, Any],
+                       overrides: dict[str, Any]) -> dict[str, Any]:
+    """Loader keywords recorded by `bertforge prepare` (special ids, vocab, masking settings)."""
+    special = {k: int(v) for k, v in manifest.get("special_ids", {}).items()}
+    out: dict[str, Any] = {"special_ids": sorted(set(special.values()))}
+    if "pad" in special:
+        out["pad_id"] = special["pad"]
+    if "mask" in special:
+        out["mask_id"] = special["mask"]
+    for key in ("vocab_size", "masked_lm_prob", "max_predictions", "whole_word_masking"):
+        if key in manifest:
+            out[key] = manifest[key]
+    wwm = overrides.get("whole_word_masking", out.get("whole_word_masking", False))
+    if wwm and overrides.get("is_continuation") is None and "tokenizer" in manifest:
+        from bertforge.tokenization import BertTokenizer
+
+        tokenizer = BertTokenizer.from_pretrained(root / manifest["tokenizer"])
+        out["is_continuation"] = tokenizer.is_continuation
+    return out
+
+
+def open_pretraining_dataset(path: str | Path | Sequence[str | Path], *, split: str = "train",
+                             overrides: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """Open prepared data; returns (dataset, loader keywords it implies).
+
+    ``path`` is a `bertforge prepare` output (native or hdf5; ``split`` picks the split), a
+    directory of NVIDIA/Google *.hdf5/*.h5 shards, one such file, or a list of them.
+    """
+    from bertforge.data.hdf5 import Hdf5Dataset
+
+    if not isinstance(path, (str, Path)):
+        return Hdf5Dataset([Path(f) for f in path]), {"pad_id": 0}
+    p = Path(path)
+    if p.is_dir() and (p / native.MANIFEST_NAME).is_file():
+        manifest = native.read_manifest(p, native_only=False)
+        defaults = _manifest_defaults(p, manifest, overrides or {})
+        if manifest.get("format") == native.FORMAT_NAME:
+            return native.NativeDataset(p, split), defaults
+        splits = manifest.get("splits", {})
+        if split not in splits:
+            raise DataError(f"{p}: no split {split!r} (available: {', '.join(sorted(splits))})")
+        files = [p / s["file"] for s in splits[split]["shards"]]
+        return Hdf5Dataset(files), defaults
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix in (".hdf5", ".h5"))
+        if not files:
+            raise DataError(f"{p}: neither a manifest.json (`bertforge prepare` output) nor "
+                            f"*.hdf5/*.h5 shards found; give a prepared directory or hdf5 shards")
+        return Hdf5Dataset(files), {"pad_id": 0}  # NVIDIA/Google shards pad with id 0
+    if p.is_file():
+        return Hdf5Dataset([p]), {"pad_id": 0}
+    raise DataError(f"{p}: no such file or directory; give a directory made by "
+                    f"`bertforge prepare` or NVIDIA/Google hdf5 shards")
+
+
+def build_loader(path: str | Path | Sequence[str | Path], *, split: str = "train",
+                 **kwargs: Any) -> PretrainingLoader:
+    """A PretrainingLoader over prepared data, choosing the reader from what ``path`` holds.
+
+    Keywords recorded in a prepare manifest (special ids, vocab size, masking settings) are
+    defaults that ``kwargs`` override. hdf5 shards carry static masks, so masking keywords have
+    no effect on them.
+    """
+    dataset, defaults = open_pretraining_dataset(path, split=split, overrides=kwargs)
+    return PretrainingLoader(dataset, **{**defaults, **kwargs})
+
+
+__all__ = ["PretrainingDataset", "StaticMaskedDataset", "MaskingSpec", "MicroBatchMaker",
+           "PretrainingLoader", "accumulation_steps", "build_loader", "collate_rows",
+           "epoch_batches", "length_bins", "open_pretraining_dataset"]
