@@ -1,0 +1,225 @@
+"""LAMB (layer-wise adaptive moments) with NVIDIA FusedLAMB's semantics, in plain PyTorch.
+
+One step, with g the gradients of all parameters of all groups::
+
+    n      = ||concat(g)||_2                                   (global, pre-clip; kept for logging)
+    g      = g / max(n / max_grad_norm, 1)                     (max_grad_norm <= 0: no clipping)
+    m      = b1 * m + (1 - b1) * g
+    v      = b2 * v + (1 - b2) * g^2
+    u      = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * w
+    r      = ||w|| / ||u||  if wd != 0 and both norms > 0, else 1
+    w      = w - lr * r * u
+
+The trust ratio is skipped for groups without weight decay: that is what FusedLAMB does by default
+(``use_nvlamb=False``) and what NVIDIA's BERT recipe relies on for biases and LayerNorm.
+
+Everything runs on lists of tensors with ``torch._foreach_*`` ops, bucketed by (device, dtype), so
+a step launches a fixed number of kernels per bucket instead of several per parameter, and nothing
+in it reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from bertforge.errors import ConfigError
+
+
+def _buckets(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[int]]:
+    """Indices of ``tensors`` grouped by (device, dtype): foreach kernels need uniform lists."""
+    out: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
+    for i, t in enumerate(tensors):
+        out[(t.device, t.dtype)].append(i)
+    return out
+
+
+def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
+    """L2 norm of all ``grads`` taken together, as a float32 0-d tensor on the first grad's device.
+
+    Per-tensor norms are accumulated in float32 even for half-precision grads, whose squares
+    would overflow float16 long before a BERT gradient becomes unusual.
+    """
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    device = grads[0].device
+    norms: list[Tensor] = []
+    for idx in _buckets(grads).values():
+        bucket_norms = torch._foreach_norm([grads[i] for i in idx], 2, dtype=torch.float32)
+        norms.extend(n.to(device) for n in bucket_norms)  # no-op on the same device
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def _clip_factor(norm: Tensor, max_norm: float) -> Tensor:
+    """1 / max(norm / max_norm, 1): the factor that brings the global norm down to ``max_norm``."""
+    return torch.clamp(norm / max_norm, min=1.0).reciprocal()
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: Iterable[Tensor], max_norm: float) -> Tensor:
+    """Scale the gradients of ``params`` in place so their global L2 norm is at most ``max_norm``.
+
+    Same rule as :class:`Lamb` (grads / max(norm / max_norm, 1)), so LAMB and AdamW runs clip
+    identically. ``max_norm <= 0`` only measures. Returns the pre-clip norm (float32 0-d tensor,
+    no host sync). Used by the train loop for optimizers that do not clip internally.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = global_grad_norm(grads)
+    if max_norm > 0 and grads:
+        factor = _clip_factor(norm, max_norm)
+        for (dev, _), idx in _buckets(grads).items():
+            torch._foreach_mul_([grads[i] for i in idx], factor.to(dev))
+    return norm
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB as in NVIDIA's BERT recipe (apex FusedLAMB, ``adam_w_mode=True``, bias correction on).
+
+    Args:
+        params: parameters or parameter-group dicts (see :func:`bertforge.optim.param_groups`).
+        lr: learning rate (a float; schedulers overwrite ``group["lr"]``).
+        betas: Adam moment coefficients (b1, b2), each in [0, 1).
+        eps: added to sqrt(v_hat) in the denominator.
+        weight_decay: decoupled decay added to the update; 0 in a group also turns off the trust
+            ratio for that group.
+        max_grad_norm: clip threshold for the global gradient norm over all groups; <= 0 disables.
+
+    After each :meth:`step`, ``last_grad_norm`` holds the pre-clip global gradient norm as a
+    float32 0-d tensor on the parameters' device (read it with ``.item()`` only when logging).
+    """
+
+    #: Clipping happens inside :meth:`step`; the train loop must not clip again.
+    clips_gradients = True
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float = 1.0,
+    ) -> None:
+        if not lr >= 0.0:
+            raise ConfigError(f"Lamb: optim.lr must be >= 0, got {lr}")
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ConfigError(f"Lamb: optim.betas must be two numbers in [0, 1), got {list(betas)}")
+        if not eps >= 0.0:
+            raise ConfigError(f"Lamb: optim.eps must be >= 0, got {eps}")
+        if not weight_decay >= 0.0:
+            raise ConfigError(f"Lamb: optim.weight_decay must be >= 0, got {weight_decay}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.max_grad_norm = float(max_grad_norm)
+        self.last_grad_norm: Optional[Tensor] = None
+
+    def _init_state(self, p: Tensor) -> dict:
+        state = self.state[p]
+        if not state:
+            # ``step`` is a CPU tensor (torch's own convention), so load_state_dict leaves it on
+            # the CPU and bias corrections are computed on the host without a device sync.
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's loader, plus: step counters go back to the CPU whatever ``map_location`` the
+        checkpoint was read with, so bias corrections never sync with the device."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            if "step" in state:
+                state["step"] = state["step"].detach().to("cpu", torch.float32)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """Apply one LAMB update to every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        all_grads: list[Tensor] = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("Lamb does not support sparse gradients; use dense "
+                                       "embeddings (sparse=False) with this optimizer")
+                all_grads.append(p.grad)
+        if not all_grads:
+            return loss
+
+        # The norm is global over all groups (decay and no-decay alike), like FusedLAMB's.
+        norm = global_grad_norm(all_grads)
+        self.last_grad_norm = norm
+        clip = _clip_factor(norm, self.max_grad_norm) if self.max_grad_norm > 0 else None
+
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            states = [self._init_state(p) for p in params]
+            for (dev, _), idx in _buckets(params).items():
+                self._update_bucket(
+                    group,
+                    [params[i] for i in idx],
+                    [params[i].grad for i in idx],
+                    [states[i] for i in idx],
+                    None if clip is None else clip.to(dev),
+                )
+        return loss
+
+    def _update_bucket(
+        self,
+        group: dict,
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[dict],
+        clip: Optional[Tensor],
+    ) -> None:
+        """LAMB update for tensors that share one device and dtype (``clip`` is 0-d or None)."""
+        beta1, beta2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        exp_avgs = [s["exp_avg"] for s in states]
+        exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+        steps = [s["step"] for s in states]
+        torch._foreach_add_(steps, 1.0)
+        # Steps can differ between tensors of a group (a tensor may have missed steps without a
+        # grad), so the bias corrections are per tensor. ``step`` is on the CPU: no sync.
+        ts = [s.item() for s in steps]
+        bc1 = [1.0 - beta1**t for t in ts]
+        bc2_sqrt = [math.sqrt(1.0 - beta2**t) for t in ts]
+
+        # Clipping scales a temporary copy: p.grad stays untouched, as with FusedLAMB.
+        g = torch._foreach_mul(grads, clip) if clip is not None else grads
+        torch._foreach_lerp_(exp_avgs, g, 1.0 - beta1)           # m = b1 m + (1 - b1) g
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, g, g, 1.0 - beta2)  # v = b2 v + (1 - b2) g^2
+        del g
+
+        # sqrt(v_hat) + eps with v_hat = v / bc2, i.e. sqrt(v) / sqrt(bc2) + eps
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denom, bc2_sqrt)
+        torch._foreach_add_(denom, eps)
+        update = torch._foreach_div(exp_avgs, denom)             # m / denom, then / bc1 = m_hat / denom
+        del denom
+        torch._foreach_div_(update, bc1)
+
+        if wd == 0:
+            # No decay, no adaptation (biases, LayerNorm): a plain Adam step.
+            torch._foreach_add_(params, update, alpha=-lr)
+            return
+        torch._foreach_add_(update, params, alpha=wd)
+        w_norm = torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32))  # (n,)
+        u_norm = torch.stack(torch._foreach_norm(update, 2, dtype=torch.float32))  # (n,)
+        # A zero weight (fresh bias-like tensor) or a zero update would give 0 or inf: use 1.
+        trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        scale = (trust * -lr).to(params[0].dtype)                                 # (n,)
+        torch._foreach_mul_(update, list(scale.unbind(0)))
+        torch._foreach_add_(params, update)

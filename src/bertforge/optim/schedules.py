@@ -1,0 +1,94 @@
+"""Learning-rate schedules: linear warm-up, then poly (NVIDIA's BERT), linear or constant.
+
+With ``k`` the 1-based index of an optimizer step, ``T = total_steps`` and ``w`` the warm-up
+fraction, step ``k`` runs with::
+
+    progress = k / T
+    lr_k = base_lr * progress / w                      if progress < w     (warm-up)
+         = base_lr * (1 - progress) ** power           "poly"   (power 0.5 in NVIDIA's recipe)
+         = base_lr * (1 - progress) / (1 - w)          "linear"
+         = base_lr                                     "constant"
+
+This is NVIDIA's ``PolyWarmUpScheduler`` (and its Linear/Constant siblings) from
+DeepLearningExamples/PyTorch/LanguageModeling/BERT/schedulers.py. There the scheduler is stepped
+*before* each optimizer step and reads FusedLAMB's step counter plus one, so the first optimizer
+step uses progress = 1/T and step T uses progress = 1 (lr 0 for poly and linear). We keep those
+values under PyTorch's usual order (``optimizer.step()`` then ``scheduler.step()``): the lr in the
+optimizer is always the one for the *next* step, ``lr_{last_epoch + 1}``. Past ``T`` the decay
+stays at 0 instead of taking a root of a negative number.
+
+Every value is computed from the step index alone (no chained multiplications), so a scheduler
+restored from ``state_dict()`` yields bit-for-bit the same sequence as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from bertforge.errors import ConfigError
+
+SCHEDULES = ("poly", "linear", "constant")
+
+
+def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
+                schedule: str = "poly", power: float = 0.5) -> float:
+    """Learning rate of optimizer step ``step`` (1-based; step 0 is the value before training)."""
+    progress = step / total_steps
+    if progress < warmup:
+        # Same operation order as NVIDIA's code, so the floats agree exactly.
+        return base_lr * progress / warmup
+    if schedule == "poly":
+        return base_lr * (max(1.0 - progress, 0.0) ** power)
+    if schedule == "linear":
+        return base_lr * max((1.0 - progress) / (1.0 - warmup), 0.0)
+    if schedule == "constant":
+        return base_lr
+    raise ConfigError(f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+
+
+class WarmupDecayLR(LRScheduler):
+    """PyTorch scheduler for :func:`schedule_lr`. Call ``scheduler.step()`` after each
+    ``optimizer.step()``; ``last_epoch`` counts the optimizer steps taken so far."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup: float,
+                 schedule: str = "poly", power: float = 0.5, last_epoch: int = -1) -> None:
+        _validate(schedule, total_steps, warmup, power)
+        # Plain Python values only: state_dict() must load with torch.load(weights_only=True).
+        self.total_steps = int(total_steps)
+        self.warmup = float(warmup)
+        self.schedule = schedule
+        self.power = float(power)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        """Learning rates for the next optimizer step, one per parameter group."""
+        step = self.last_epoch + 1
+        return [schedule_lr(float(base), step, self.total_steps, self.warmup, self.schedule,
+                            self.power) for base in self.base_lrs]
+
+    # ``step(epoch)`` (deprecated in torch) uses this; the schedule is closed-form anyway.
+    _get_closed_form_lr = get_lr
+
+
+def _validate(schedule: str, total_steps: int, warmup: float, power: float) -> None:
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if int(total_steps) != total_steps or total_steps < 1:
+        raise ConfigError(f"train.max_steps (the schedule length) must be an integer >= 1, "
+                          f"got {total_steps}")
+    if not 0.0 <= warmup < 1.0:
+        raise ConfigError(f"optim.warmup is a fraction of train.max_steps in [0, 1), got {warmup}")
+    if not power > 0.0:
+        raise ConfigError(f"optim.power must be > 0, got {power}")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, name: str, total_steps: int,
+                    warmup: float, power: float = 0.5) -> WarmupDecayLR:
+    """The schedule named by ``optim.schedule`` ("poly", "linear" or "constant") over
+    ``total_steps`` optimizer steps, warming up for the fraction ``warmup`` of them.
+
+    Building it sets every group's ``lr`` to the first step's value. When resuming, build it
+    first, then load the optimizer's and this scheduler's state dicts.
+    """
+    return WarmupDecayLR(optimizer, total_steps, warmup, name, power)

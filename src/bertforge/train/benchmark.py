@@ -1,0 +1,103 @@
+"""``bertforge pretrain --benchmark``: time real training steps, report throughput and MFU.
+
+The timed steps are the same ``train_step`` a run uses (same data, masking, accumulation,
+precision, optimizer). FLOPs are counted per sequence from its real (unpadded) length and its
+number of predicted tokens (see ``flops.py``), so padding never inflates MFU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import resource
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertforge.train.distributed import DistInfo, all_reduce_sum
+from bertforge.train.flops import bert_train_flops, peak_flops
+from bertforge.train.loop import LoopConfig, group_micro_batches, to_device, train_step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _batch_flops(model: nn.Module, batch: dict, nsp: bool) -> float:
+    """Training FLOPs of one micro-batch, from CPU-side lengths (no device sync)."""
+    c = model.config
+    lengths = batch["attention_mask"].sum(1).tolist()
+    preds = batch["mlm_labels"].ne(-100).sum(1).tolist()
+    return sum(bert_train_flops(layers=c.num_hidden_layers, hidden=c.hidden_size,
+                                intermediate=c.intermediate_size, vocab=c.padded_vocab_size,
+                                seq_len=s, predictions=p, nsp=nsp) for s, p in zip(lengths, preds))
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux -> GiB
+
+
+def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, loss_fn, data,
+        info: DistInfo, loop_cfg: LoopConfig, cfg) -> dict:
+    warmup, steps = cfg.benchmark.warmup_steps, cfg.benchmark.steps
+    params = [p for p in wrapped.parameters() if p.requires_grad]
+    groups = group_micro_batches(data.train, loop_cfg.accumulation)
+    nsp = hasattr(model, "cls") and hasattr(model.cls, "seq_relationship")
+    wrapped.train()
+    for _ in range(warmup):
+        group = [to_device(b, info.device) for b in next(groups)]
+        train_step(wrapped, group, loss_fn, optimizer, scheduler, precision, params,
+                   loop_cfg.clip_norm)
+    if info.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(info.device)
+    # Host-side counts are taken before the batches move, so they add no device syncs.
+    totals = torch.zeros(3, dtype=torch.float64)  # sequences, real tokens, FLOPs (this rank)
+    _sync(info.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        group = next(groups)
+        for b in group:
+            totals += torch.tensor([b["input_ids"].shape[0], float(b["attention_mask"].sum()),
+                                    _batch_flops(model, b, nsp)], dtype=torch.float64)
+        group = [to_device(b, info.device) for b in group]
+        train_step(wrapped, group, loss_fn, optimizer, scheduler, precision, params,
+                   loop_cfg.clip_norm)
+    _sync(info.device)
+    elapsed = time.perf_counter() - t0
+    totals = all_reduce_sum(totals.to(info.device)).cpu()
+    seqs, tokens, flops = totals.tolist()
+    peak = peak_flops(info.device, precision.name)
+    achieved = flops / elapsed
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": (torch.cuda.get_device_name(info.device) if info.device.type == "cuda"
+                   else f"CPU ({platform.processor() or platform.machine()}, "
+                        f"{torch.get_num_threads()} threads)"),
+        "world_size": info.world_size, "torch": torch.__version__, "model": cfg.model,
+        "layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size,
+        "precision": precision.name, "global_batch_size": cfg.train.global_batch_size,
+        "micro_batch_size": cfg.train.micro_batch_size,
+        "accumulation": loop_cfg.accumulation, "warmup_steps": warmup, "timed_steps": steps,
+        "seconds": elapsed, "sequences_per_s": seqs / elapsed, "tokens_per_s": tokens / elapsed,
+        "mean_tokens_per_sequence": tokens / max(seqs, 1),
+        "model_tflops_per_s": achieved / 1e12,
+        "mfu": achieved / (peak * info.world_size) if peak else None,
+        "mfu_note": None if peak else "peak FLOP/s unknown for this device; MFU not computed",
+        "peak_memory_gib": _peak_memory_gib(info.device),
+    }
+    if info.is_main:
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
+        mfu = f"{report['mfu']:.1%}" if report["mfu"] is not None else "n/a (unknown peak)"
+        print(f"benchmark: {report['sequences_per_s']:.1f} sequences/s, "
+              f"{report['tokens_per_s']:.0f} tokens/s, {report['model_tflops_per_s']:.2f} "
+              f"model TFLOP/s, MFU {mfu}, peak memory {report['peak_memory_gib']:.2f} GiB "
+              f"on {report['device']} -> {out / 'benchmark.json'}")
+    return report

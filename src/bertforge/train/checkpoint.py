@@ -1,0 +1,382 @@
+"""Atomic checkpoints: a Hugging Face model directory plus ``training_state/``.
+
+Layout of ``{output_dir}/checkpoint-{step}/``::
+
+    config.json, model.safetensors, tokenizer files   the model (written by the caller's write_fn)
+    training_state/
+        meta.json               step, phase, world size, time, library versions (written last)
+        optimizer.pt            optimizer.state_dict()
+        scheduler.pt            scheduler.state_dict()
+        scaler.pt               GradScaler.state_dict() (only with fp16 loss scaling)
+        extra.pt                anything else the loop wants back (tensors and plain containers)
+        config.json             the resolved run configuration
+        rng_rank{r}.pt          every RNG of rank r (see bertforge.train.rng)
+        data_rank{r}.json       data-loader position of rank r
+    COMPLETE                    written last; a directory without it is never resumed from
+
+All ``.pt`` files hold only tensors and plain Python containers, so they load with
+``torch.load(weights_only=True)`` (no arbitrary pickle).
+
+Atomicity: everything is written into ``{output_dir}/.tmp-checkpoint-{step}-{random}``; the files
+are fsynced, ``COMPLETE`` is written and fsynced, then the directory is renamed to
+``checkpoint-{step}`` (one atomic ``rename``) and ``output_dir`` is fsynced. A crash at any point
+leaves either the old set of checkpoints or the new one, plus at most a ``.tmp-*`` directory that
+readers ignore and the next save removes. Rank 0 is the only writer: the loop gathers the other
+ranks' RNG and data states (:func:`gather_to_rank0`) so one directory holds every rank's position.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import pickle
+import platform
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+import torch
+
+import bertforge
+from bertforge.errors import CheckpointError, ConfigError
+
+COMPLETE = "COMPLETE"
+TRAINING_STATE = "training_state"
+TMP_PREFIX = ".tmp-"
+_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+_RNG_RE = re.compile(r"^rng_rank(\d+)\.pt$")
+_DATA_RE = re.compile(r"^data_rank(\d+)\.json$")
+FORMAT_VERSION = 1
+
+
+# --------------------------------------------------------------------------- durability helpers
+
+def _fsync_dir(path: Path) -> None:
+    """Persist a directory's entries (new names, renames). Not possible on Windows; skipped."""
+    if os.name == "nt":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (the files may come from any writer)."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _write_text_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _remove_dir(path: Path) -> None:
+    """Rename to a ``.tmp-`` name first, so a crash half-way through deletion never leaves a
+    partial directory that still looks like a checkpoint."""
+    doomed = path.with_name(f"{TMP_PREFIX}deleting-{path.name}-{uuid.uuid4().hex[:8]}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- manager
+
+class CheckpointManager:
+    """Writes ``checkpoint-{step}`` directories atomically into ``output_dir`` and keeps the
+    newest ``keep`` (``keep <= 0`` keeps all). Only rank 0 should call :meth:`save`;
+    :meth:`latest` and :meth:`checkpoints` only read and are safe on every rank."""
+
+    def __init__(self, output_dir: str | os.PathLike, keep: int) -> None:
+        self.output_dir = Path(output_dir)
+        self.keep = int(keep)
+
+    def save(self, step: int, write_fn: Callable[[Path], None]) -> Path:
+        """Run ``write_fn(tmp_dir)`` (model files + ``training_state/``), then publish the result
+        as ``checkpoint-{step}`` and prune old checkpoints. Returns the checkpoint's path.
+
+        If ``write_fn`` raises, the temporary directory is removed, nothing is published and the
+        exception propagates. Saving a step that already exists replaces it.
+        """
+        if int(step) != step or step < 0:
+            raise ValueError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        step = int(step)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.cleanup_incomplete()
+        # Not tempfile.mkdtemp: it creates mode 0700, and the published checkpoint should get
+        # the user's normal permissions so other tools and users can read it.
+        tmp = self.output_dir / f"{TMP_PREFIX}checkpoint-{step}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        final = self.output_dir / f"checkpoint-{step}"
+        try:
+            write_fn(tmp)
+            _fsync_tree(tmp)
+            _write_text_synced(tmp / COMPLETE, json.dumps({"step": step}) + "\n")
+            _fsync_dir(tmp)
+            if final.exists():
+                # rename() cannot replace a non-empty directory: move the old one aside first.
+                _remove_dir(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.output_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._prune(protect=final)
+        return final
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints as (step, path), oldest first (numeric order, so 999 < 1000)."""
+        if not self.output_dir.is_dir():
+            return []
+        found = []
+        for path in self.output_dir.iterdir():
+            if not _CKPT_RE.match(path.name) or not (path / COMPLETE).is_file():
+                continue
+            found.append((checkpoint_step(path), path))
+        return sorted(found, key=lambda sp: (sp[0], sp[1].name))
+
+    def latest(self) -> Optional[Path]:
+        """The complete checkpoint with the highest step, or None. ``.tmp-*`` directories and
+        checkpoint directories without ``COMPLETE`` are ignored."""
+        found = self.checkpoints()
+        return found[-1][1] if found else None
+
+    def cleanup_incomplete(self) -> list[Path]:
+        """Remove ``.tmp-*`` leftovers of interrupted saves or deletions; returns what it removed.
+        Writer only: on another rank this could delete a save in progress."""
+        removed = []
+        if self.output_dir.is_dir():
+            for path in self.output_dir.iterdir():
+                if path.name.startswith(TMP_PREFIX) and path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+        return removed
+
+    def _prune(self, protect: Path) -> None:
+        """Delete the oldest complete checkpoints beyond ``keep``, never ``protect`` (the one just
+        saved, even if an older run left checkpoints with higher steps in the directory)."""
+        if self.keep <= 0:
+            return
+        others = [p for _, p in self.checkpoints() if p != protect]
+        for path in others[: max(len(others) - (self.keep - 1), 0)]:
+            _remove_dir(path)
+
+
+def checkpoint_step(path: Path) -> int:
+    """Step of a checkpoint: ``training_state/meta.json`` if readable, else the directory name."""
+    try:
+        meta = json.loads((path / TRAINING_STATE / "meta.json").read_text(encoding="utf-8"))
+        return int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        match = _CKPT_RE.match(path.name)
+        if match is None:
+            raise CheckpointError(f"{path}: cannot tell the checkpoint's step (no readable "
+                                  "training_state/meta.json and the name is not checkpoint-N)")
+        return int(match.group(1))
+
+
+def resolve_resume(resume: Optional[str | os.PathLike], output_dir: str | os.PathLike) -> Optional[Path]:
+    """What to resume from: ``"auto"`` -> newest complete checkpoint in ``output_dir`` (None if
+    there is none, i.e. a fresh start); ``"none"`` -> None; otherwise a checkpoint directory,
+    which must be complete and hold a training state."""
+    if resume is None or str(resume).strip().lower() == "none":
+        return None
+    text = str(resume).strip()
+    if not text:
+        raise ConfigError("resume is empty; use auto, none or the path of a checkpoint directory")
+    if text.lower() == "auto":
+        return CheckpointManager(output_dir, keep=0).latest()
+    path = Path(text).expanduser()
+    hint = "pass a checkpoint-N directory of a previous run, resume=auto or resume=none"
+    if not path.exists():
+        raise CheckpointError(f"resume: {path} does not exist; {hint}")
+    if not path.is_dir():
+        raise CheckpointError(f"resume: {path} is a file, not a checkpoint directory; {hint}")
+    if not (path / COMPLETE).is_file():
+        newest = CheckpointManager(path, keep=0).latest()
+        if newest is not None:
+            raise CheckpointError(f"resume: {path} is a run directory, not a checkpoint; pass its "
+                                  f"newest checkpoint {newest}, or set output_dir={path} with "
+                                  "resume=auto")
+        if not (path / TRAINING_STATE).exists() and (path / "config.json").is_file():
+            raise CheckpointError(f"resume: {path} is a model directory without training state; "
+                                  f"to start a new run from its weights use init_from={path}")
+        older = CheckpointManager(path.parent, keep=0).latest()
+        also = f" (the newest complete one next to it is {older})" if older else ""
+        raise CheckpointError(f"resume: {path} is not a complete checkpoint: it has no {COMPLETE} "
+                              f"marker, so its save was interrupted{also}; pass a complete "
+                              "checkpoint or resume=auto, which skips incomplete ones")
+    if not (path / TRAINING_STATE / "meta.json").is_file():
+        raise CheckpointError(f"resume: {path} has no {TRAINING_STATE}/meta.json, so optimizer, "
+                              "schedule and data position cannot be restored; to start a new run "
+                              f"from its weights use init_from={path}")
+    return path
+
+
+# --------------------------------------------------------------------------- training state
+
+@dataclass
+class TrainingState:
+    """What :func:`load_training_state` returns; feed each part to its owner's load_state_dict."""
+
+    step: int
+    phase: Any
+    optimizer: dict
+    scheduler: Optional[dict]
+    scaler: Optional[dict]
+    data_state: dict[int, dict]          # rank -> data-loader state
+    rng_states: dict[int, dict]          # rank -> bertforge.train.rng state
+    config: dict
+    extra: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+
+def _per_rank(name: str, value: Mapping) -> dict[int, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, int) and k >= 0 for k in value):
+        raise TypeError(f"{name} must map rank (int) -> state, e.g. {{0: state}}; got keys "
+                        f"{list(value)[:4] if isinstance(value, Mapping) else type(value).__name__}")
+    return dict(value)
+
+
+def save_training_state(
+    directory: str | os.PathLike,
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any,
+    step: int,
+    phase: Any,
+    data_state: Mapping[int, dict],
+    rng_states: Mapping[int, dict],
+    config: Mapping[str, Any],
+    extra: Optional[Mapping[str, Any]] = None,
+) -> Path:
+    """Write ``directory/training_state/`` (layout in the module docstring) and return its path.
+
+    ``scheduler`` and ``scaler`` may be None (a disabled GradScaler is skipped too).
+    ``data_state`` and ``rng_states`` map each rank to its state; data states must be
+    JSON-serializable (JSON turns integer keys into strings). ``config`` is written as JSON with
+    non-JSON values (paths, enums) turned into strings.
+    """
+    data_state = _per_rank("data_state", data_state)
+    rng_states = _per_rank("rng_states", rng_states)
+    out = Path(directory) / TRAINING_STATE
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(optimizer.state_dict(), out / "optimizer.pt")
+    if scheduler is not None:
+        torch.save(scheduler.state_dict(), out / "scheduler.pt")
+    if scaler is not None and getattr(scaler, "is_enabled", lambda: True)():
+        torch.save(scaler.state_dict(), out / "scaler.pt")
+    torch.save(dict(extra or {}), out / "extra.pt")
+    for rank, state in rng_states.items():
+        torch.save(state, out / f"rng_rank{rank}.pt")
+    for rank, state in data_state.items():
+        try:
+            text = json.dumps(state, indent=1)
+        except TypeError as exc:
+            raise TypeError(f"data_state of rank {rank} is not JSON-serializable: {exc}") from exc
+        (out / f"data_rank{rank}.json").write_text(text + "\n", encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(dict(config), indent=2, default=str) + "\n",
+                                     encoding="utf-8")
+    now = time.time()
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "step": int(step),
+        "phase": phase,
+        "world_size": max(len(rng_states), len(data_state)),
+        "time": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
+        "unix_time": now,
+        "versions": {"bertforge": bertforge.__version__, "torch": torch.__version__,
+                     "numpy": np.__version__, "python": platform.python_version()},
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _load_pt(path: Path, map_location: Any) -> Any:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        # torch's own message is long and suggests weights_only=False, which we never do.
+        why = ("not a weights-only torch file" if isinstance(exc, pickle.UnpicklingError)
+               else str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__)
+        raise CheckpointError(f"{path}: cannot be read ({why}); the checkpoint is damaged or "
+                              "not from bertforge. Resume from an older checkpoint or with "
+                              "resume=none.") from exc
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot be read as JSON ({exc}); the checkpoint is "
+                              "damaged. Resume from an older checkpoint or with resume=none.") from exc
+
+
+def load_training_state(directory: str | os.PathLike, map_location: Any = "cpu") -> TrainingState:
+    """Read what :func:`save_training_state` wrote into ``directory/training_state/``.
+
+    Optimizer, scheduler, scaler and extra tensors go to ``map_location``; RNG states always
+    stay on the CPU (torch's generators take CPU byte tensors).
+    """
+    ts = Path(directory) / TRAINING_STATE
+    if not (ts / "meta.json").is_file():
+        raise CheckpointError(f"{directory}: no {TRAINING_STATE}/meta.json, so this is not a "
+                              "resumable checkpoint; pass a checkpoint-N directory written by "
+                              "bertforge, or use init_from to load only its weights")
+    meta = _load_json(ts / "meta.json")
+    if not isinstance(meta, dict) or "step" not in meta:
+        raise CheckpointError(f"{ts / 'meta.json'}: has no 'step'; the checkpoint is damaged. "
+                              "Resume from an older checkpoint or with resume=none.")
+    if not (ts / "optimizer.pt").is_file():
+        raise CheckpointError(f"{ts}: optimizer.pt is missing; the checkpoint is damaged. "
+                              "Resume from an older checkpoint or with resume=none.")
+
+    def optional_pt(name: str) -> Optional[Any]:
+        return _load_pt(ts / name, map_location) if (ts / name).is_file() else None
+
+    rng_states, data_state = {}, {}
+    for path in sorted(ts.iterdir()):
+        if m := _RNG_RE.match(path.name):
+            rng_states[int(m.group(1))] = _load_pt(path, "cpu")
+        elif m := _DATA_RE.match(path.name):
+            data_state[int(m.group(1))] = _load_json(path)
+    return TrainingState(
+        step=int(meta["step"]),
+        phase=meta.get("phase"),
+        optimizer=_load_pt(ts / "optimizer.pt", map_location),
+        scheduler=optional_pt("scheduler.pt"),
+        scaler=optional_pt("scaler.pt"),
+        data_state=data_state,
+        rng_states=rng_states,
+        config=_load_json(ts / "config.json") if (ts / "config.json").is_file() else {},
+        extra=optional_pt("extra.pt") or {},
+        meta=meta,
+    )
+
+
+def gather_to_rank0(obj: Any) -> Optional[dict[int, Any]]:
+    """``{rank: obj}`` for every rank, on rank 0 (None elsewhere); ``{0: obj}`` without
+    torch.distributed. A collective: every rank must call it. Used for RNG and data states."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return {0: obj}
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered: Optional[list[Any]] = [None] * world if rank == 0 else None
+    dist.gather_object(obj, gathered, dst=0)
+    return dict(enumerate(gathered)) if gathered is not None else None

@@ -1,0 +1,89 @@
+"""Pretraining data for the train loop: the rank's training stream and a validation stream.
+
+Model-facing facts come from the prepared data: the vocabulary size and casing (the model's
+embedding follows the data's vocab), whether sequences are sentence pairs (NSP/SOP head or MLM
+only), and the tokenizer that is saved with every checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from bertforge.config import PretrainConfig
+from bertforge.data import native
+from bertforge.data.loader import PretrainingLoader, open_pretraining_dataset
+from bertforge.errors import ConfigError
+from bertforge.train.distributed import DistInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PretrainData:
+    train: PretrainingLoader
+    validation: PretrainingLoader | None
+    has_pairs: bool
+    vocab_size: int | None          # None for NVIDIA/Google hdf5 (no manifest): the model's own
+    do_lower_case: bool | None
+    tokenizer: Any                  # BertTokenizer saved with checkpoints, or None
+
+    @property
+    def has_validation(self) -> bool:
+        return self.validation is not None
+
+    def validation_batches(self) -> Iterator[dict]:
+        """The validation stream from its start (the same batches at every evaluation)."""
+        assert self.validation is not None
+        self.validation.epoch, self.validation.batches_consumed = 0, 0
+        return iter(self.validation)
+
+
+def _loader_kwargs(cfg: PretrainConfig, info: DistInfo) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(
+        micro_batch_size=cfg.train.micro_batch_size, rank=info.rank, world_size=info.world_size,
+        seed=cfg.train.seed, bin_by_length=cfg.data.bin_by_length,
+        pin_memory=info.device.type == "cuda")
+    for key in ("masked_lm_prob", "max_predictions", "whole_word_masking"):
+        value = getattr(cfg.data, key)
+        if value is not None:
+            kw[key] = value
+    return kw
+
+
+def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
+    if not cfg.data.path:
+        raise ConfigError("data.path is not set: give --data.path=DIR (a `bertforge prepare` "
+                          "output or NVIDIA/Google hdf5 shards)")
+    path = Path(cfg.data.path)
+    kw = _loader_kwargs(cfg, info)
+    dataset, defaults = open_pretraining_dataset(path, split="train", overrides=kw)
+    if not hasattr(dataset, "lengths") or hasattr(dataset, "get_static"):
+        kw["bin_by_length"] = False  # static hdf5 shards are read in file order; no bins
+    train = PretrainingLoader(dataset, **{**defaults, **kw,
+                                          "global_batch_size": cfg.train.global_batch_size,
+                                          "num_workers": cfg.data.num_workers})
+    manifest = native.read_manifest(path, native_only=False) if (
+        path.is_dir() and (path / native.MANIFEST_NAME).is_file()) else {}
+    validation = None
+    if "validation" in manifest.get("splits", {}) and cfg.train.eval_batches:
+        val_set, val_defaults = open_pretraining_dataset(path, split="validation", overrides=kw)
+        per_step = cfg.train.micro_batch_size * info.world_size
+        if len(val_set) >= per_step:
+            validation = PretrainingLoader(val_set, **{
+                **val_defaults, **kw, "global_batch_size": per_step, "num_workers": 0,
+                "bin_by_length": False})
+        else:
+            log.warning("validation split has %d sequences, fewer than one micro-batch per rank "
+                        "(%d); validation is skipped", len(val_set), per_step)
+    tokenizer = None
+    if "tokenizer" in manifest:
+        from bertforge.tokenization import BertTokenizer
+        tokenizer = BertTokenizer.from_pretrained(path / manifest["tokenizer"])
+    return PretrainData(
+        train=train, validation=validation,
+        has_pairs=manifest.get("objective", "nsp") in ("nsp", "sop"),
+        vocab_size=manifest.get("vocab_size"), do_lower_case=manifest.get("do_lower_case"),
+        tokenizer=tokenizer)

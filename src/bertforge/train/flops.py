@@ -1,0 +1,47 @@
+"""FLOP counts for MFU, counted from the model's shapes (not measured).
+
+A matmul of (m x k) by (k x n) costs 2mkn FLOPs. Per sequence of S tokens, forward:
+  encoder, per layer: QKV and output projections 8SH^2, feed-forward 4SHI, attention scores and
+                       weighted sum 4S^2H (QK^T and PV);
+  pooler 2H^2 and NSP head 4H (NSP models only);
+  MLM head at P predicted positions: transform 2PH^2 and decoder 2PHV (only at masked positions
+                       when the model computes logits there; P = S otherwise).
+Training = 3 x forward (backward costs two matmuls per forward matmul). Embedding lookups,
+layer norms, softmax and activations are not counted, as is usual for MFU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Dense bf16/fp16 tensor-core peak (no sparsity), per GPU, in FLOP/s; TF32 for fp32.
+_PEAK = {
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 183e12},
+    "A10": {"bf16": 125e12, "fp16": 125e12, "fp32": 62.5e12},
+    "V100": {"bf16": 0.0, "fp16": 125e12, "fp32": 15.7e12},
+}
+
+
+def bert_train_flops(*, layers: int, hidden: int, intermediate: int, vocab: int, seq_len: float,
+                     predictions: float, nsp: bool) -> float:
+    """Training FLOPs for one sequence (forward + backward)."""
+    h, s = hidden, seq_len
+    encoder = layers * (8 * s * h * h + 4 * s * h * intermediate + 4 * s * s * h)
+    heads = 2 * predictions * h * h + 2 * predictions * h * vocab
+    if nsp:
+        heads += 2 * h * h + 4 * h
+    return 3.0 * (encoder + heads)
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """The device's peak FLOP/s for ``precision``, or None when unknown (CPUs, unlisted GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, table in _PEAK.items():
+        if key in name:
+            return table.get(precision) or None
+    return None

@@ -1,0 +1,211 @@
+"""The one train loop: pretraining, fine-tuning and BART differ only in what they plug in.
+
+``train_step`` does forward, loss, backward over the accumulation micro-batches (DDP all-reduce
+only on the last), unscale, non-finite guard, clip, optimizer and scheduler step.
+``Trainer.fit`` reads top to bottom: loop -> step -> log / evaluate / checkpoint / preempt.
+Host-device syncs happen once per optimizer step (the non-finite guard) and at log intervals.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Protocol
+
+import torch
+from torch import nn
+
+from bertforge.optim.lamb import clip_grad_norm_, global_grad_norm
+from bertforge.train.distributed import DistInfo, all_reduce_sum, any_rank, no_sync
+from bertforge.train.precision import Precision
+
+# loss_fn(model, batch) -> (loss to backpropagate, stats). Stats are per-micro-batch tensors that
+# the loop averages over micro-steps and ranks (e.g. "mlm_loss", "mlm_acc").
+LossFn = Callable[[nn.Module, dict], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+
+
+class Scheduler(Protocol):
+    def step(self) -> None: ...
+    def get_last_lr(self) -> list[float]: ...
+
+
+@dataclass
+class StepResult:
+    stats: dict[str, torch.Tensor]  # averaged over micro-steps (this rank)
+    grad_norm: torch.Tensor         # before clipping
+    skipped: bool                   # non-finite gradients: the weights were not touched
+
+
+def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
+               optimizer: torch.optim.Optimizer, scheduler: Scheduler, precision: Precision,
+               params: list[torch.Tensor], clip_norm: float = 0.0) -> StepResult:
+    """One optimizer step over ``len(micro_batches)`` accumulation micro-steps.
+
+    Each micro-loss is divided by the number of micro-steps, so the gradient is the mean over
+    micro-batches; DDP then averages over ranks. One process with k micro-steps and k ranks with
+    one each therefore compute the same gradient. ``clip_norm`` > 0 clips here (AdamW); LAMB clips
+    inside its own step.
+    """
+    k = len(micro_batches)
+    stats: dict[str, torch.Tensor] = {}
+    for i, batch in enumerate(micro_batches):
+        with no_sync(model, sync=i == k - 1), precision.autocast():
+            loss, parts = loss_fn(model, batch)
+        loss = loss / k
+        if precision.scaler is not None:
+            loss = precision.scaler.scale(loss)
+        loss.backward()
+        for name, value in parts.items():
+            stats[name] = stats.get(name, 0.0) + value.detach().float() / k
+
+    if precision.scaler is not None:
+        precision.scaler.unscale_(optimizer)
+    if clip_norm > 0:
+        grad_norm = clip_grad_norm_(params, clip_norm)
+    else:
+        grad_norm = global_grad_norm([p.grad for p in params if p.grad is not None])
+    finite = bool(torch.isfinite(grad_norm))  # the one sync per step: never step on inf/nan
+    if precision.scaler is not None:
+        # The scaler re-checks for inf (found during unscale_) and skips the step itself.
+        precision.scaler.step(optimizer)
+        precision.scaler.update()
+    elif finite:
+        optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(stats=stats, grad_norm=grad_norm, skipped=not finite)
+
+
+def group_micro_batches(batches: Iterable[dict], k: int) -> Iterator[list[dict]]:
+    """Consecutive groups of k micro-batches: the loader yields a rank's micro-steps in order."""
+    group: list[dict] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == k:
+            yield group
+            group = []
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
+            for k, v in batch.items()}
+
+
+class PreemptionFlag:
+    """SIGTERM / SIGUSR1 set a flag; the loop saves at the next step boundary and exits cleanly."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = {}
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 (signal API)
+        self.requested = True
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class Hooks:
+    """What a task plugs into the loop besides its loss."""
+    log: Callable[[int, dict], None]                   # (step, metrics) on every log interval
+    checkpoint: Callable[[int], None]                  # save a checkpoint at this step
+    evaluate: Callable[[int], dict] | None = None      # validation metrics at this step
+    on_step: Callable[[int], None] = lambda step: None  # progress bar etc.
+
+
+@dataclass
+class LoopConfig:
+    max_steps: int
+    accumulation: int
+    log_every: int
+    checkpoint_every: int
+    eval_every: int = 0
+    clip_norm: float = 0.0
+
+
+@dataclass
+class LoopResult:
+    step: int
+    preempted: bool
+    skipped_steps: int
+    history: list = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler,
+                 precision: Precision, loss_fn: LossFn, dist: DistInfo, cfg: LoopConfig,
+                 hooks: Hooks) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.precision, self.loss_fn, self.dist, self.cfg, self.hooks = (
+            precision, loss_fn, dist, cfg, hooks)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def fit(self, batches: Iterable[dict], start_step: int = 0) -> LoopResult:
+        cfg, step, skipped = self.cfg, start_step, 0
+        window: dict[str, torch.Tensor] = {}
+        window_steps, window_seqs, window_tokens = 0, 0, 0
+        t0 = time.perf_counter()
+        preempt = PreemptionFlag()
+        result = LoopResult(step=step, preempted=False, skipped_steps=0)
+        self.model.train()
+        if step >= cfg.max_steps:
+            return result
+        try:
+            for group in group_micro_batches(batches, cfg.accumulation):
+                group = [to_device(b, self.dist.device) for b in group]
+                # The scheduler already holds the rate of the step about to run; after
+                # train_step it holds the next one, so read it here to log what was applied.
+                lr = self.scheduler.get_last_lr()[0]
+                out = train_step(self.model, group, self.loss_fn, self.optimizer, self.scheduler,
+                                 self.precision, self.params, cfg.clip_norm)
+                step += 1
+                skipped += out.skipped
+                for name, value in {**out.stats, "grad_norm": out.grad_norm}.items():
+                    window[name] = window.get(name, 0.0) + value
+                window_steps += 1
+                window_seqs += sum(int(b["input_ids"].shape[0]) for b in group)
+                window_tokens += sum(b["attention_mask"].sum() for b in group)
+                self.hooks.on_step(step)
+
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    metrics = self._reduce(window, window_steps)
+                    elapsed = time.perf_counter() - t0
+                    metrics.update(
+                        step=step, lr=lr,
+                        seq_per_s=window_seqs * self.dist.world_size / elapsed,
+                        tokens_per_s=float(window_tokens) * self.dist.world_size / elapsed,
+                        skipped_steps=skipped)
+                    if self.precision.scaler is not None:
+                        metrics["loss_scale"] = self.precision.scaler.get_scale()
+                    self.hooks.log(step, metrics)
+                    result.history.append(metrics)
+                    window, window_steps, window_seqs, window_tokens = {}, 0, 0, 0
+                    t0 = time.perf_counter()
+                if self.hooks.evaluate and cfg.eval_every and step % cfg.eval_every == 0:
+                    self.hooks.log(step, self.hooks.evaluate(step))
+                    self.model.train()
+
+                stop = any_rank(preempt.requested, self.dist.device)
+                if stop or step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+                    self.hooks.checkpoint(step)
+                if stop:
+                    result.preempted = True
+                if stop or step >= cfg.max_steps:
+                    break
+        finally:
+            preempt.restore()
+        result.step, result.skipped_steps = step, skipped
+        return result
+
+    def _reduce(self, window: dict[str, torch.Tensor], n: int) -> dict[str, float]:
+        """Mean over the window's steps and over ranks; the only other sync point."""
+        names = sorted(window)
+        vec = torch.stack([torch.as_tensor(window[k], device=self.dist.device).float()
+                           for k in names]) / n
+        vec = all_reduce_sum(vec) / self.dist.world_size
+        return dict(zip(names, vec.tolist()))

@@ -1,0 +1,246 @@
+"""BERT pretraining: build -> restore -> loop -> summary, with everything task-specific here.
+
+The loop itself is ``bertforge.train.loop``; this file decides the model class (MLM + NSP, or
+MLM only when the data has no sentence pairs), the loss, the data, validation and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.config import PretrainConfig, save_config, to_dict
+from bertforge.errors import ConfigError
+from bertforge.optim import build_optimizer, build_scheduler
+from bertforge.optim.param_groups import needs_external_clipping
+from bertforge.train import benchmark as bench
+from bertforge.train.checkpoint import (CheckpointManager, gather_to_rank0, load_training_state,
+                                        resolve_resume, save_training_state)
+from bertforge.train.data import PretrainData, open_pretrain_data
+from bertforge.train.distributed import (DistInfo, all_reduce_sum, barrier, cleanup,
+                                         init_distributed, wrap_ddp)
+from bertforge.train.loop import Hooks, LoopConfig, Trainer, to_device
+from bertforge.train.precision import build_precision
+from bertforge.train.rng import capture_rng_state, restore_rng_state
+from bertforge.train.run_log import RunLogger, plot_loss_curve
+
+log = logging.getLogger(__name__)
+
+
+def pretraining_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """MLM cross-entropy at the masked positions only (+ NSP/SOP when the batch has labels)."""
+    labels = batch["mlm_labels"]
+    masked = labels.ne(-100)                       # (B, S)
+    out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"], masked_positions=masked)
+    logits = getattr(out, "mlm_logits", None)
+    logits = (out.logits if logits is None else logits).float()   # (N, V), N = masked tokens
+    target = labels[masked]                        # (N,) row-major, as the head's positions
+    mlm_loss = F.cross_entropy(logits, target)
+    stats = {"mlm_loss": mlm_loss.detach(),
+             "mlm_acc": (logits.detach().argmax(-1) == target).float().mean()}
+    loss = mlm_loss
+    nsp_logits = getattr(out, "nsp_logits", None)
+    if nsp_logits is not None:
+        nsp_loss = F.cross_entropy(nsp_logits.float(), batch["nsp_labels"], ignore_index=-100)
+        loss = loss + nsp_loss
+        stats["nsp_loss"] = nsp_loss.detach()
+    stats["loss"] = loss.detach()
+    return loss, stats
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: PretrainData, info: DistInfo, num_batches: int,
+             autocast) -> dict[str, float]:
+    """Mean validation loss and MLM accuracy over the first ``num_batches`` micro-batches."""
+    model.eval()
+    totals = torch.zeros(4, device=info.device)   # loss, mlm_loss, mlm_acc, batches
+    for i, batch in enumerate(data.validation_batches()):
+        if i == num_batches:
+            break
+        with autocast():
+            _, stats = pretraining_loss(model, to_device(batch, info.device))
+        totals += torch.stack([stats["loss"], stats["mlm_loss"], stats["mlm_acc"],
+                               torch.ones((), device=info.device)])
+    totals = all_reduce_sum(totals)
+    n = max(float(totals[3]), 1.0)
+    return {"val_loss": float(totals[0]) / n, "val_mlm_loss": float(totals[1]) / n,
+            "val_mlm_acc": float(totals[2]) / n}
+
+
+@dataclass
+class PretrainResult:
+    output_dir: Path
+    step: int
+    preempted: bool
+    final_checkpoint: Path | None
+    history: list = field(default_factory=list)
+    validation: dict = field(default_factory=dict)
+
+
+def build_model(cfg: PretrainConfig, data: PretrainData) -> nn.Module:
+    from bertforge.models import BertConfig, BertForMaskedLM, BertForPreTraining
+
+    cls = BertForPreTraining if data.has_pairs else BertForMaskedLM
+    if cfg.init_from:
+        model = cls.from_pretrained(cfg.init_from)
+        if data.vocab_size and model.config.vocab_size != data.vocab_size:
+            raise ConfigError(
+                f"init_from {cfg.init_from} has vocab_size {model.config.vocab_size} but the data "
+                f"at {cfg.data.path} was prepared with {data.vocab_size} tokens; prepare the data "
+                f"with the model's vocab")
+        return model
+    overrides: dict[str, Any] = {}
+    if data.vocab_size:
+        overrides["vocab_size"] = data.vocab_size
+    if data.do_lower_case is not None:
+        overrides["do_lower_case"] = data.do_lower_case
+    model_cfg = BertConfig.load(cfg.model)
+    for key, value in overrides.items():
+        setattr(model_cfg, key, value)
+    torch.manual_seed(cfg.train.seed)
+    return cls(model_cfg)
+
+
+def pretrain(cfg: PretrainConfig, benchmark: bool = False) -> PretrainResult | dict:
+    info = init_distributed()
+    try:
+        return _pretrain(cfg, info, benchmark)
+    finally:
+        cleanup()
+
+
+def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainResult | dict:
+    out = Path(cfg.output_dir)
+    data = open_pretrain_data(cfg, info)
+    manager = CheckpointManager(out, keep=cfg.checkpoint.keep)
+    resume_from = None if benchmark else resolve_resume(cfg.resume, out)
+    model = build_model(cfg, data)
+    if resume_from is not None:
+        model = type(model).from_pretrained(resume_from)
+    if cfg.train.gradient_checkpointing:
+        model.bert.encoder.gradient_checkpointing = True
+    model.to(info.device)
+    optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
+                                cfg.optim.betas, cfg.optim.eps, cfg.optim.max_grad_norm)
+    scheduler = build_scheduler(optimizer, cfg.optim.schedule, cfg.train.max_steps,
+                                cfg.optim.warmup, cfg.optim.power)
+    precision = build_precision(cfg.precision, info.device)
+    start_step = 0
+    if resume_from is not None:
+        state = load_training_state(resume_from, map_location=info.device)
+        optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+        if precision.scaler is not None and state.scaler:
+            precision.scaler.load_state_dict(state.scaler)
+        # Every rank's loader sits at the same global batch, so a rank that the saving run did
+        # not have (the world grew) can take rank 0's position.
+        data.train.load_state_dict(state.data_state.get(info.rank, state.data_state.get(0, {})))
+        start_step = state.step
+    wrapped: nn.Module = torch.compile(model) if cfg.train.compile else model
+    wrapped = wrap_ddp(wrapped, info)
+    loop_cfg = LoopConfig(
+        max_steps=cfg.train.max_steps, accumulation=data.train.accumulation_steps,
+        log_every=cfg.train.log_every, checkpoint_every=cfg.checkpoint.every,
+        eval_every=cfg.train.eval_every if data.has_validation else 0,
+        clip_norm=cfg.optim.max_grad_norm if needs_external_clipping(optimizer) else 0.0)
+
+    if benchmark:
+        return bench.run(wrapped, model, optimizer, scheduler, precision, pretraining_loss,
+                         data, info, loop_cfg, cfg)
+
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+    logger = RunLogger(out, enabled=info.is_main, total_steps=cfg.train.max_steps,
+                       start_step=start_step, tensorboard=cfg.tensorboard)
+    if resume_from is not None:
+        logger.write(f"resumed from {resume_from} at step {start_step}")
+
+    def save_checkpoint(step: int) -> None:
+        data_states = gather_to_rank0(data.train.state_dict())
+        rng_states = gather_to_rank0(capture_rng_state())
+        if info.is_main:
+            def write(tmp: Path) -> None:
+                model.save_pretrained(tmp, tokenizer=data.tokenizer)
+                save_training_state(
+                    tmp, optimizer=optimizer, scheduler=scheduler,
+                    scaler=precision.scaler, step=step, phase=cfg.phase, data_state=data_states,
+                    rng_states=rng_states, config=to_dict(cfg))
+            path = manager.save(step, write)
+            logger.write(f"saved {path}")
+        barrier()
+
+    last_eval: dict[int, dict] = {}  # step -> metrics of the latest evaluation
+
+    def run_eval(step: int) -> dict:
+        if step not in last_eval:
+            last_eval.clear()
+            last_eval[step] = evaluate(wrapped, data, info, cfg.train.eval_batches,
+                                       precision.autocast)
+        return last_eval[step]
+
+    hooks = Hooks(log=logger.log, checkpoint=save_checkpoint,
+                  evaluate=run_eval if data.has_validation else None, on_step=logger.advance)
+    trainer = Trainer(wrapped, optimizer, scheduler, precision, pretraining_loss, info, loop_cfg,
+                      hooks)
+    if resume_from is not None and info.rank in state.rng_states:
+        # Last, so nothing between here and the first step draws from the restored generators.
+        # A rank the saving run did not have keeps its seeded generators.
+        restore_rng_state(state.rng_states[info.rank], source=str(resume_from))
+    t0 = time.perf_counter()
+    result = trainer.fit(data.train, start_step=start_step)
+    elapsed = time.perf_counter() - t0
+
+    validation: dict = {}
+    if data.has_validation and not result.preempted and cfg.train.eval_batches:
+        logged = result.step in last_eval  # the loop evaluated this very step already
+        validation = run_eval(result.step)
+        if not logged:
+            logger.log(result.step, validation)
+    logger.close()
+    final = manager.latest()
+    if info.is_main:
+        png = plot_loss_curve(out / "metrics.jsonl", out / "loss_curve.png")
+        print(_summary(cfg, result, validation, elapsed, start_step, final, png))
+    return PretrainResult(output_dir=out, step=result.step, preempted=result.preempted,
+                          final_checkpoint=final, history=result.history, validation=validation)
+
+
+def _summary(cfg: PretrainConfig, result, validation: dict, elapsed: float, start_step: int,
+             final: Path | None, png: Path | None) -> str:
+    last = result.history[-1] if result.history else {}
+    steps = result.step - start_step
+    lines = [
+        "pretraining " + ("stopped for preemption" if result.preempted else "finished"),
+        f"  steps        {start_step} -> {result.step} of {cfg.train.max_steps} "
+        f"({steps / max(elapsed, 1e-9):.2f} steps/s, {elapsed:.0f} s)",
+    ]
+    if last:
+        lines.append(f"  last loss    {last.get('loss', float('nan')):.4f} "
+                     f"(mlm {last.get('mlm_loss', float('nan')):.4f}, "
+                     f"mlm acc {last.get('mlm_acc', float('nan')):.3f})")
+        lines.append(f"  throughput   {last.get('seq_per_s', 0):.1f} sequences/s")
+    if result.skipped_steps:
+        lines.append(f"  skipped      {result.skipped_steps} steps with non-finite gradients")
+    if validation:
+        lines.append(f"  validation   loss {validation['val_loss']:.4f}, "
+                     f"mlm acc {validation['val_mlm_acc']:.3f}")
+    lines.append(f"  checkpoint   {final}")
+    lines.append(f"  metrics      {Path(cfg.output_dir) / 'metrics.jsonl'}")
+    if png:
+        lines.append(f"  loss curve   {png}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n")

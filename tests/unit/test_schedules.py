@@ -1,0 +1,114 @@
+"""Warm-up schedules: hand-computed values, step indexing, exact resume, config errors."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from bertforge.errors import ConfigError
+from bertforge.optim import build_scheduler, schedule_lr
+
+BASE = 1e-3
+
+
+@pytest.mark.parametrize(
+    "schedule, step, expected",
+    [
+        ("poly", 0, 0.0),                        # before any step
+        ("poly", 5, 5e-4),                       # mid warm-up: 1e-3 * 0.05 / 0.1
+        ("poly", 9, 9e-4),                       # last warm-up step
+        ("poly", 10, 9.486832980505138e-4),      # end of warm-up: progress 0.1 -> sqrt(0.9)
+        ("poly", 55, 6.708203932499369e-4),      # mid decay: sqrt(0.45)
+        ("poly", 100, 0.0),                      # last step: progress 1
+        ("poly", 130, 0.0),                      # past the end: stays 0, no complex root
+        ("linear", 10, 1e-3),                    # (1 - 0.1) / (1 - 0.1)
+        ("linear", 55, 5e-4),                    # 0.45 / 0.9
+        ("linear", 100, 0.0),
+        ("constant", 5, 5e-4),
+        ("constant", 55, 1e-3),
+        ("constant", 100, 1e-3),
+    ],
+)
+def test_schedule_values(schedule, step, expected):
+    got = schedule_lr(BASE, step, total_steps=100, warmup=0.1, schedule=schedule, power=0.5)
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-18)
+
+
+def test_power_and_zero_warmup():
+    assert schedule_lr(2.0, 50, 100, 0.0, "poly", power=2.0) == pytest.approx(0.5)
+    assert schedule_lr(2.0, 1, 100, 0.0, "poly") == pytest.approx(2.0 * math.sqrt(0.99))
+
+
+def lrs_seen_by_optimizer(steps: int, total: int, schedule: str = "poly", warmup: float = 0.2):
+    """The lr each optimizer.step() runs with, under the usual optimizer-then-scheduler order."""
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([w, ], lr=BASE)
+    sched = build_scheduler(opt, schedule, total_steps=total, warmup=warmup)
+    seen = []
+    for _ in range(steps):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return seen
+
+
+@pytest.mark.parametrize("schedule", ["poly", "linear", "constant"])
+def test_optimizer_step_k_uses_progress_k_over_total(schedule):
+    total = 20
+    seen = lrs_seen_by_optimizer(total, total, schedule)
+    # NVIDIA's order: the first optimizer step runs at progress 1/T, the last at progress 1.
+    assert seen == [schedule_lr(BASE, k, total, 0.2, schedule) for k in range(1, total + 1)]
+    assert seen[0] == BASE * (1 / total) / 0.2
+    assert seen[2] == BASE * (3 / total) / 0.2              # k=3: still warming up
+    # k=4: progress 0.2 ends warm-up; poly jumps to (1 - 0.2) ** 0.5, as NVIDIA's does
+    assert seen[3] == pytest.approx(BASE * (math.sqrt(0.8) if schedule == "poly" else 1.0))
+    assert seen[-1] == (BASE if schedule == "constant" else 0.0)
+
+
+def test_resume_gives_bitwise_identical_sequence():
+    total, stop = 37, 13
+    uninterrupted = lrs_seen_by_optimizer(total, total)
+
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([w], lr=BASE)
+    sched = build_scheduler(opt, "poly", total_steps=total, warmup=0.2)
+    seen = []
+    for _ in range(stop):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    buf = io.BytesIO()
+    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)   # plain values only
+
+    w2 = torch.nn.Parameter(torch.zeros(2))
+    opt2 = torch.optim.SGD([w2], lr=123.0)        # deliberately different: state must win
+    sched2 = build_scheduler(opt2, "poly", total_steps=total, warmup=0.2)
+    opt2.load_state_dict(saved["opt"])
+    sched2.load_state_dict(saved["sched"])
+    for _ in range(total - stop):
+        seen.append(opt2.param_groups[0]["lr"])
+        opt2.step()
+        sched2.step()
+    assert seen == uninterrupted
+    assert sched2.last_epoch == total
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(name="cosine"), "optim.schedule must be one of poly, linear, constant, got 'cosine'"),
+        (dict(warmup=1.0), r"optim.warmup is a fraction of train.max_steps in \[0, 1\), got 1.0"),
+        (dict(total_steps=0), "train.max_steps .* must be an integer >= 1, got 0"),
+        (dict(power=0.0), "optim.power must be > 0, got 0.0"),
+    ],
+)
+def test_bad_settings_raise_config_errors(kwargs, message):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=BASE)
+    args = dict(name="poly", total_steps=10, warmup=0.1, power=0.5) | kwargs
+    with pytest.raises(ConfigError, match=message):
+        build_scheduler(opt, **args)
