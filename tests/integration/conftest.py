@@ -1,0 +1,112 @@
+"""Shared, session-scoped inputs of the pretraining tests: a vocab, prepared data and tiny models.
+
+The data is built once per test session (well under a second) from tests/assets/tiny_corpus.txt:
+a WordPiece vocab of the corpus (~460 tokens), native shards with sequences of at most 32 tokens,
+the NSP objective and a validation split. The models are 2-layer, 32-wide BERTs given as
+config.json files; ``vocab_size`` follows the data, as in a real run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from bertforge.config import PretrainConfig, load_config
+from bertforge.train.run_log import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "tests" / "assets" / "tiny_corpus.txt"
+DEBUG_RECIPE = ROOT / "configs" / "debug" / "tiny-cpu.yaml"
+
+# Keys of a metrics line that measure wall-clock speed, so differ between identical runs.
+TIMING_KEYS = ("seq_per_s", "tokens_per_s")
+
+_TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 64, "max_position_embeddings": 64}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread: on a busy shared CPU, multi-threaded kernels spin
+    and a step can take 100x longer. Runs that are compared also share the thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def child_env() -> dict[str, str]:
+    """Environment for `bertforge` child processes: one thread, as the in-process runs."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class TinyData:
+    root: Path
+    data: Path          # `bertforge prepare` output: train + validation splits, seq <= 32, NSP
+    vocab: Path         # vocab.txt the data was tokenized with
+    model: Path         # config.json with BERT's default dropout (0.1): exercises RNG restore
+    model_nodrop: Path  # the same shape without dropout: different micro-batch layouts agree
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
+    from bertforge.data.prepare import prepare
+    from bertforge.vocab import train_wordpiece
+
+    root = tmp_path_factory.mktemp("tiny")
+    vocab = root / "vocab.txt"
+    train_wordpiece([CORPUS], vocab_size=1000, output=vocab, progress=False)
+    data = root / "data"
+    data.mkdir()
+    # 0.2 holds out a few of the corpus's 7 documents, so the data has a validation split.
+    prepare([CORPUS], vocab=vocab, output=data, max_seq_length=32, workers=1,
+            validation_fraction=0.2, progress=False)
+    model = root / "model.json"
+    model.write_text(json.dumps(_TINY_MODEL))
+    nodrop = root / "model_nodrop.json"
+    nodrop.write_text(json.dumps({**_TINY_MODEL, "hidden_dropout_prob": 0.0,
+                                  "attention_probs_dropout_prob": 0.0}))
+    return TinyData(root=root, data=data, vocab=vocab, model=model, model_nodrop=nodrop)
+
+
+def _overrides(tiny: TinyData, output_dir: Path, extra: tuple[str, ...]) -> list[str]:
+    """Overrides of the debug recipe for a few-step run on the tiny data (``extra`` wins)."""
+    return [f"--model={tiny.model}", f"--data.path={tiny.data}", f"--output_dir={output_dir}",
+            "--train.max_steps=6", "--train.global_batch_size=8", "--train.micro_batch_size=4",
+            "--train.log_every=1", "--train.eval_every=0", "--train.eval_batches=2",
+            "--checkpoint.every=1000", "--checkpoint.keep=0", "--tensorboard=false", *extra]
+
+
+@pytest.fixture(scope="session")
+def tiny_args(tiny: TinyData) -> Callable[..., list[str]]:
+    """``tiny_args(output_dir, "--key=value", ...)``: `bertforge pretrain` arguments that run the
+    debug recipe for a few steps on the tiny data (later overrides win)."""
+    return lambda output_dir, *extra: ["--config", str(DEBUG_RECIPE),
+                                       *_overrides(tiny, output_dir, extra)]
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tiny: TinyData) -> Callable[..., PretrainConfig]:
+    """``tiny_config(output_dir, "--key=value", ...)``: the same run as a PretrainConfig."""
+    return lambda output_dir, *extra: load_config(PretrainConfig, DEBUG_RECIPE,
+                                                  _overrides(tiny, output_dir, extra))
+
+
+@pytest.fixture(scope="session")
+def run_metrics() -> Callable[..., list[dict]]:
+    """``run_metrics(output_dir)``: the lines of its metrics.jsonl without the wall-clock keys
+    (``seq_per_s``, ``tokens_per_s``), i.e. everything that must be reproducible."""
+
+    def read(output_dir: Path) -> list[dict]:
+        records = read_metrics(Path(output_dir) / "metrics.jsonl")
+        return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+    return read

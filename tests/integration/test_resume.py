@@ -1,0 +1,187 @@
+"""A stopped and resumed run is the run that never stopped: bitwise weights, identical metrics
+(losses, learning rates, validation), the same micro-batches with the same masks.
+
+Stops come from the real preemption path: in-process, the loop's preemption flag is replaced by
+one that fires after a chosen step; in a child process, a real SIGTERM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import bertforge.train.loop as loop
+import bertforge.train.pretrain as pretrain_module
+from bertforge.errors import CheckpointError
+from bertforge.optim import schedule_lr
+from bertforge.train.pretrain import pretrain
+
+STEPS = 6       # 2k steps straight; the stopped run halts after k = 3
+LR, WARMUP = 1e-2, 0.05  # the debug recipe's optimizer settings
+
+
+def stop_after(step: int) -> type:
+    """A stand-in for PreemptionFlag that reports a request after the loop's ``step``-th poll,
+    i.e. as if SIGTERM had arrived during the ``step``-th step of this process."""
+
+    class StopAfter:
+        def __init__(self) -> None:
+            self.polls = 0
+
+        @property
+        def requested(self) -> bool:
+            self.polls += 1
+            return self.polls >= step
+
+        def restore(self) -> None:
+            pass
+
+    return StopAfter
+
+
+def digest(batch: dict) -> str:
+    """Identity of a micro-batch: tokens, masks, segment ids and labels."""
+    h = hashlib.sha256()
+    for key in sorted(batch):
+        h.update(key.encode())
+        h.update(batch[key].cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture
+def train_batches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Digests of every micro-batch the training loss sees (validation batches are skipped)."""
+    seen: list[str] = []
+    real = pretrain_module.pretraining_loss
+
+    def recording(model, batch):
+        if model.training:
+            seen.append(digest(batch))
+        return real(model, batch)
+
+    monkeypatch.setattr(pretrain_module, "pretraining_loss", recording)
+    return seen
+
+
+def weights_bytes(checkpoint: Path) -> bytes:
+    return (checkpoint / "model.safetensors").read_bytes()
+
+
+def optimizer_state(checkpoint: Path) -> list[torch.Tensor]:
+    state = torch.load(checkpoint / "training_state" / "optimizer.pt", weights_only=True)
+    return [v for s in state["state"].values() for v in s.values() if torch.is_tensor(v)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stop_and_resume_equals_uninterrupted(workers: int, tmp_path: Path, tiny_config,
+                                              run_metrics, train_batches: list[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = (f"--data.num_workers={workers}", "--train.eval_every=2")
+    straight = pretrain(tiny_config(tmp_path / "straight", *extra))
+    straight_batches = list(train_batches)
+    train_batches.clear()
+
+    resumed_dir = tmp_path / "resumed"
+    with monkeypatch.context() as m:
+        m.setattr(loop, "PreemptionFlag", stop_after(3))
+        first = pretrain(tiny_config(resumed_dir, *extra))
+    assert first.preempted and first.step == 3
+    assert first.final_checkpoint == resumed_dir / "checkpoint-3"
+    assert not first.validation  # no end-of-run validation when stopped
+    second = pretrain(tiny_config(resumed_dir, *extra))  # resume=auto (the recipe's default)
+    assert not second.preempted and second.step == STEPS
+
+    a, b = straight.final_checkpoint, second.final_checkpoint
+    assert a.name == b.name == f"checkpoint-{STEPS}"
+    assert weights_bytes(a) == weights_bytes(b)
+    for x, y in zip(optimizer_state(a), optimizer_state(b), strict=True):
+        assert torch.equal(x, y)
+
+    # The same micro-batches (order and masks) and a data stream that really moved on: the
+    # second epoch (steps 4-6) is not a replay of the first.
+    assert len(straight_batches) == STEPS * 2  # 2 accumulation micro-steps per step
+    assert train_batches == straight_batches
+    assert straight_batches[6:] != straight_batches[:6]
+
+    lines = run_metrics(straight.output_dir)
+    assert run_metrics(resumed_dir) == lines
+    train_lines = [r for r in lines if "loss" in r]
+    assert [r["step"] for r in train_lines] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in lines if "val_loss" in r] == [2, 4, 6]
+    for r in train_lines:  # the rate each step ran with, across the resume
+        assert r["lr"] == pytest.approx(schedule_lr(LR, r["step"], STEPS, WARMUP), rel=1e-12)
+    assert second.validation == {k: v for k, v in lines[-1].items() if k != "step"}
+
+
+def test_resume_from_a_checkpoint_path_into_a_new_directory(tmp_path: Path, tiny_config,
+                                                            run_metrics) -> None:
+    first = pretrain(tiny_config(tmp_path / "a", "--checkpoint.every=3"))
+    ckpt = tmp_path / "a" / "checkpoint-3"
+    meta = json.loads((ckpt / "training_state" / "meta.json").read_text())
+    assert meta["step"] == 3 and (ckpt / "COMPLETE").is_file()
+    assert (ckpt / "training_state" / "data_rank0.json").is_file()
+
+    second = pretrain(tiny_config(tmp_path / "b", f"--resume={ckpt}"))
+    assert second.step == STEPS
+    assert weights_bytes(second.final_checkpoint) == weights_bytes(first.final_checkpoint)
+    assert run_metrics(tmp_path / "b") == [r for r in run_metrics(tmp_path / "a") if r["step"] > 3]
+
+
+def test_resume_refuses_a_different_global_batch(tmp_path: Path, tiny_config) -> None:
+    pretrain(tiny_config(tmp_path, "--train.max_steps=2"))
+    with pytest.raises(CheckpointError, match=r"global_batch_size=8, but this run uses 16.*keep "
+                                              r"the global batch size"):
+        pretrain(tiny_config(tmp_path, "--train.global_batch_size=16"))
+
+
+def wait_for_first_metrics(proc: subprocess.Popen, metrics: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (metrics.is_file() and metrics.stat().st_size > 0):
+        if proc.poll() is not None:
+            pytest.fail(f"pretrain exited with {proc.returncode} before its first metrics line")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no metrics line within {timeout} s")
+        time.sleep(0.002)
+
+
+def test_sigterm_checkpoints_exits_zero_and_resumes_bitwise(tmp_path: Path, tiny_args, tiny_config,
+                                                            run_metrics, child_env) -> None:
+    steps = 80  # long enough that SIGTERM, sent at the first metrics line, lands mid-run
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "bertforge.cli", "pretrain",
+           *tiny_args(out, f"--train.max_steps={steps}")]
+    with open(tmp_path / "stdout", "w") as so, open(tmp_path / "stderr", "w") as se:
+        proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=child_env, cwd=tmp_path)
+        try:
+            wait_for_first_metrics(proc, out / "metrics.jsonl", timeout=120)
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+    assert rc == 0, stderr
+    assert "stopped for preemption" in stdout and "Traceback" not in stderr
+
+    stopped_at = run_metrics(out)[-1]["step"]
+    assert 1 <= stopped_at < steps
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", ".tmp"))) \
+        == [f"checkpoint-{stopped_at}"]
+    ckpt = out / f"checkpoint-{stopped_at}"
+    assert (ckpt / "COMPLETE").is_file() and (ckpt / "model.safetensors").is_file()
+    assert json.loads((ckpt / "training_state" / "meta.json").read_text())["step"] == stopped_at
+
+    resumed = pretrain(tiny_config(out, f"--train.max_steps={steps}"))
+    straight = pretrain(tiny_config(tmp_path / "straight", f"--train.max_steps={steps}"))
+    assert resumed.step == straight.step == steps
+    assert weights_bytes(resumed.final_checkpoint) == weights_bytes(straight.final_checkpoint)
+    assert run_metrics(out) == run_metrics(tmp_path / "straight")

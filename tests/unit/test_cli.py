@@ -1,0 +1,96 @@
+"""The `bertforge` command: every --help works, and user mistakes end in one `error:` line on
+stderr with exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bertforge.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[2]
+DEBUG_RECIPE = ROOT / "configs" / "debug" / "tiny-cpu.yaml"
+
+
+def subcommands() -> list[str]:
+    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sorted(actions[0].choices)
+
+
+def test_every_journey_has_a_subcommand() -> None:
+    assert {"vocab", "prepare", "inspect", "convert", "pretrain", "plan", "demo"} <= set(
+        subcommands())
+
+
+@pytest.mark.parametrize("command", [[]] + [[c] for c in subcommands()],
+                         ids=lambda c: " ".join(c) or "bertforge")
+def test_help_exits_zero(command: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main([*command, "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: bertforge {' '.join(command)}".rstrip())
+    assert "default" in out or not command  # options show their defaults
+
+
+def test_pretrain_help_lists_the_config_keys(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+    out = capsys.readouterr().out
+    for key in ("--train.max_steps=1000", "--optim.lr=0.006", "--data.path=''", "--resume='auto'"):
+        assert key in out
+
+
+def test_console_script_runs(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "bertforge"
+    if not script.exists():
+        pytest.skip("console script not installed next to this interpreter")
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "pretrain" in proc.stdout and not proc.stderr
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bertforge.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["pretrain", "--config", str(DEBUG_RECIPE), "--data.path=no/such/data",
+      "--output_dir=run"], "error: no/such/data: no such file or directory"),
+    (["pretrain", "--config", str(DEBUG_RECIPE), "--train.max_steps=abc"],
+     "error: bad value for 'train.max_steps' in the command line"),
+    (["pretrain", "--train.max_step=3"],
+     "error: unknown config key 'train.max_step' in the command line. "
+     "Did you mean 'train.max_steps'?"),
+    (["pretrain", "--config", "missing.yaml"], "error: config file not found: missing.yaml"),
+    (["pretrain", "--train.max_steps", "3"],
+     "error: override '--train.max_steps' must look like --section.key=value"),
+    (["plan", "--gpus", "3", "--global-batch-size", "100"],
+     "error: global batch size 100 is not divisible by 3 GPUs"),
+], ids=["missing-data", "bad-type", "unknown-key", "missing-config", "no-equals", "plan"])
+def test_user_errors_print_one_line_and_exit_2(args: list[str], message: str,
+                                               tmp_path: Path) -> None:
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not list(tmp_path.iterdir())  # a refused run writes nothing
+
+
+def test_stray_arguments_of_other_commands_are_refused(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["plan", "--train.max_steps=3"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --train.max_steps=3" in capsys.readouterr().err
+
+
+def test_plan_prints_a_proposal(capsys: pytest.CaptureFixture) -> None:
+    assert main(["plan", "--model", "bert-base-uncased", "--gpus", "8", "--gpu-memory", "80",
+                 "--global-batch-size", "65536", "--seq-len", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "global batch 65536 = micro-batch" in out and "--train.micro_batch_size=" in out
