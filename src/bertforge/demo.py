@@ -64,7 +64,7 @@ def run_demo(workdir: Path, steps: int = 300) -> dict:
     _stage("3. prepare pretraining data (NSP pairs, token ids; masks drawn at load time)")
     data = workdir / "data"
     print(prepare([str(corpus)], vocab=vocab, output=data, max_seq_length=64,
-                  validation_fraction=0.02, workers=2, seed=1).summary())
+                  validation_fraction=0.05, workers=2, seed=1).summary())
 
     _stage(f"4. pretrain a tiny BERT on the CPU ({steps} LAMB steps)")
     recipe = RECIPES / "debug" / "tiny-cpu.yaml"

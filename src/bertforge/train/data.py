@@ -70,14 +70,17 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
     validation = None
     if "validation" in manifest.get("splits", {}) and cfg.train.eval_batches:
         val_set, val_defaults = open_pretraining_dataset(path, split="validation", overrides=kw)
-        per_step = cfg.train.micro_batch_size * info.world_size
-        if len(val_set) >= per_step:
+        # Validation needs no accumulation: one micro-batch per rank per step, smaller if the
+        # held-out split is small.
+        micro = min(cfg.train.micro_batch_size, len(val_set) // info.world_size)
+        if micro >= 1:
             validation = PretrainingLoader(val_set, **{
-                **val_defaults, **kw, "global_batch_size": per_step, "num_workers": 0,
+                **val_defaults, **kw, "micro_batch_size": micro,
+                "global_batch_size": micro * info.world_size, "num_workers": 0,
                 "bin_by_length": False})
         else:
-            log.warning("validation split has %d sequences, fewer than one micro-batch per rank "
-                        "(%d); validation is skipped", len(val_set), per_step)
+            log.warning("validation split has %d sequences, fewer than one per rank; validation "
+                        "is skipped", len(val_set))
     tokenizer = None
     if "tokenizer" in manifest:
         from bertforge.tokenization import BertTokenizer

@@ -66,17 +66,6 @@ def no_sync(model: nn.Module, sync: bool) -> ContextManager:
     return model.no_sync()
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's model under DDP and torch.compile wrappers."""
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
-
-
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Protocol
 
@@ -72,7 +73,11 @@ def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
         precision.scaler.update()
     elif finite:
         optimizer.step()
-    scheduler.step()
+    with warnings.catch_warnings():
+        # A skipped first step (fp16 overflow) makes torch warn that the scheduler stepped before
+        # the optimizer; advancing anyway is intended: the step's data was consumed.
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(stats=stats, grad_norm=grad_norm, skipped=not finite)
 

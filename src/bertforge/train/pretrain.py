@@ -129,6 +129,9 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
     if cfg.train.gradient_checkpointing:
         model.bert.encoder.gradient_checkpointing = True
     model.to(info.device)
+    # Weights are initialised from the same seed on every rank (DDP also broadcasts them); from
+    # here on each rank draws its own dropout masks, as rank-seeded generators.
+    torch.manual_seed(cfg.train.seed + info.rank)
     optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps, cfg.optim.max_grad_norm)
     scheduler = build_scheduler(optimizer, cfg.optim.schedule, cfg.train.max_steps,
