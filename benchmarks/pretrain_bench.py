@@ -56,7 +56,7 @@ VARIANTS = ("bertforge", "hf", "bertforge-dense-mlm", "bertforge-lamb")
 def real_batches(data: str | None, seq: int, batch: int, count: int, seed: int,
                  tmp: Path) -> tuple[list[dict], int]:
     """``count`` micro-batches (contracts.md dicts) from prepared data; also the vocab size."""
-    from bertforge.data.loader import build_loader
+    from bertforge.data.open import build_loader
     from bertforge.data.prepare import prepare
 
     if data is None:

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from bertforge.errors import ConfigError
+from bertforge.io import write_text_atomic
 
 T = TypeVar("T")
 
@@ -34,7 +35,7 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = No
 
 @dataclass
 class DataConfig:
-    path: str = opt("", "Prepared data: a `bertforge prepare` output directory, or NVIDIA/Google "
+    path: Optional[str] = opt(None, "Prepared data: a `bertforge prepare` output directory, or NVIDIA/Google "
                     "hdf5 files (a directory, a file or a glob).")
     masked_lm_prob: Optional[float] = opt(None, "Fraction of tokens to predict; default: the value "
                                           "recorded by `prepare` in the manifest (0.15).")
@@ -98,8 +99,13 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if self.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
-        if len(self.betas) != 2:
-            raise ConfigError(f"optim.betas needs two numbers, got {list(self.betas)}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas needs two numbers in [0, 1), got {list(self.betas)}")
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
+        if self.eps <= 0 or self.power <= 0:
+            raise ConfigError(f"optim.eps and optim.power must be > 0, got {self.eps} and {self.power}")
 
 
 @dataclass
@@ -110,12 +116,19 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ConfigError(f"checkpoint.every must be >= 1, got {self.every}")
+        if self.keep < 0:
+            raise ConfigError(f"checkpoint.keep must be >= 0 (0 keeps all), got {self.keep}")
 
 
 @dataclass
 class BenchmarkConfig:
     warmup_steps: int = opt(5, "Steps run before timing starts (compilation, allocator warm-up).")
     steps: int = opt(20, "Timed steps.")
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.steps < 1:
+            raise ConfigError(f"benchmark.warmup_steps must be >= 0 and benchmark.steps >= 1, "
+                              f"got {self.warmup_steps} and {self.steps}")
 
 
 @dataclass
@@ -226,7 +239,7 @@ def to_dict(cfg: Any) -> dict:
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML, loadable again with ``load_config``."""
-    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    write_text_atomic(Path(path), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
 def describe(cls: type, prefix: str = "") -> list[str]:

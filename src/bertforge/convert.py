@@ -15,7 +15,6 @@ The task head is recognised from the weights present (pretraining, MLM, SQuAD, c
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import CheckpointError, ConfigError
+from bertforge.io import atomic_write
 from bertforge.models.config import BertConfig
 from bertforge.models.heads import (
     BertForMaskedLM,
@@ -33,7 +33,7 @@ from bertforge.models.heads import (
     BertForTokenClassification,
 )
 from bertforge.models.bert import BertModel
-from bertforge.models.loading import BertPreTrainedModel, load_torch_file
+from bertforge.models.loading import BertPreTrainedModel, load_torch_file, strip_wrapper_prefixes
 
 _TRUST_REMEDY = (
     "NVIDIA pretraining checkpoints often pickle the data loader or the run's arguments. If you trust "
@@ -79,9 +79,7 @@ def convert_nvidia_checkpoint(
     model.load_hf_state_dict(state, source=str(checkpoint))
     model.save_pretrained(output)
     if vocab is not None:
-        tmp = output / f".vocab.txt.tmp-{os.getpid()}"
-        shutil.copyfile(vocab, tmp)
-        os.replace(tmp, output / "vocab.txt")
+        atomic_write(output / "vocab.txt", lambda tmp: shutil.copyfile(vocab, tmp))
     return output
 
 
@@ -89,13 +87,11 @@ def nvidia_to_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     """Rename NVIDIA's keys to Hugging Face's (wrapper prefixes stripped, ``dense_act`` -> ``dense``).
 
     Vocabulary padding is left in place: ``load_hf_state_dict`` accepts padded rows and trims them.
+    The wrappers are stripped here (with the loader's own rule) because :func:`infer_model_class`
+    looks for plain Hugging Face names.
     """
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        while name.startswith(("module.", "_orig_mod.")):
-            name = name.split(".", 1)[1]
-        out[name.replace(".dense_act.", ".dense.")] = tensor
-    return out
+    return {strip_wrapper_prefixes(name).replace(".dense_act.", ".dense."): tensor
+            for name, tensor in state.items()}
 
 
 def infer_model_class(state: dict[str, Any]) -> tuple[type[BertPreTrainedModel], dict[str, Any]]:

@@ -15,12 +15,12 @@ import inspect
 import os
 import re
 import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 from bertforge.data.segment import split_sentences
 from bertforge.errors import ConfigError
+from bertforge.io import write_text_atomic
 
 __all__ = ["build_sample_corpus", "module_sentences", "stdlib_modules"]
 
@@ -134,14 +134,4 @@ def build_sample_corpus(output: Path, max_bytes: int = 3_000_000) -> Path:
             break  # the budget ran out inside this module
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            out.write("".join(parts))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return output
+    return write_text_atomic(output, "".join(parts))

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
 from bertforge.errors import DataError
+from bertforge.io import atomic_write, write_json_atomic, write_text_atomic
 
 __all__ = ["BertTokenizer", "SPECIAL_TOKENS", "check_casing", "vocab_casing", "read_vocab_txt"]
 
@@ -114,20 +113,6 @@ def _bert_normalizer(lowercase: bool) -> normalizers.Normalizer:
 
 def _wordpiece(vocab: dict[str, int] | None) -> WordPiece:
     return WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through a temporary file in the same directory, then rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class BertTokenizer:
@@ -250,17 +235,15 @@ class BertTokenizer:
         }
         files = {"tokenizer_config.json": config, "special_tokens_map.json": names}
         for name, payload in files.items():
-            text = json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
-            _atomic_write(directory / name, lambda p, t=text: p.write_text(t, encoding="utf-8"))
+            write_json_atomic(directory / name, payload, sort_keys=False, ensure_ascii=False)
 
     def save_vocab(self, path: str | Path) -> None:
         """Write vocab.txt (one token per line, in id order) atomically."""
-        text = "\n".join(self.vocab) + "\n"
-        _atomic_write(Path(path), lambda p: p.write_text(text, encoding="utf-8"))
+        write_text_atomic(path, "\n".join(self.vocab) + "\n")
 
     def save_tokenizer_json(self, path: str | Path) -> None:
         """Write the whole pipeline as a ``tokenizers`` JSON file, atomically."""
-        _atomic_write(Path(path), lambda p: self.backend.save(str(p), pretty=True))
+        atomic_write(path, lambda tmp: self.backend.save(str(tmp), pretty=True))
 
     # -- encoding -------------------------------------------------------------------------------
 
@@ -284,9 +267,11 @@ class BertTokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        """Vocabulary entry of each id (``IndexError`` for an id outside the vocabulary)."""
         return [self.vocab[i] for i in ids]
 
     def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+        """Id of each vocabulary entry; tokens not in the vocabulary map to ``unk_id``."""
         ids = (self.backend.token_to_id(t) for t in tokens)
         return [self.unk_id if i is None else i for i in ids]
 

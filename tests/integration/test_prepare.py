@@ -7,12 +7,15 @@ import json
 import random
 import string
 from collections import Counter
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import bertforge.data.prepare as prep
+import bertforge.data.prepare_worker as prep_worker
 from bertforge.data.inspect import inspect_dataset
 from bertforge.data.native import NativeDataset
 from bertforge.errors import ConfigError, DataError
@@ -106,17 +109,17 @@ def test_same_bytes_with_one_or_two_workers(corpus: dict, tmp_path: Path) -> Non
 def test_interrupted_run_resumes_to_identical_output(corpus: dict, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     run(corpus, tmp_path / "ref")
-    real = prep._process_chunk
+    real = prep_worker.process_chunk
 
     def interrupt_at_chunk_3(task: dict) -> dict:
         if task["index"] == 3:
             raise KeyboardInterrupt
         return real(task)
 
-    monkeypatch.setattr(prep, "_process_chunk", interrupt_at_chunk_3)
+    monkeypatch.setattr(prep_worker, "process_chunk", interrupt_at_chunk_3)
     with pytest.raises(KeyboardInterrupt):
         run(corpus, tmp_path / "out")
-    monkeypatch.setattr(prep, "_process_chunk", real)
+    monkeypatch.setattr(prep_worker, "process_chunk", real)
     out = tmp_path / "out"
     assert not (out / "manifest.json").exists()
     assert sorted(p.name for p in (out / "train").iterdir()) == [
@@ -180,6 +183,27 @@ def test_bad_inputs_are_user_errors(corpus: dict, tmp_path: Path) -> None:
     assert not any((tmp_path / f"o{k}" / "manifest.json").exists() for k in range(1, 8))
 
 
+def test_a_dead_worker_pool_is_a_user_error(corpus: dict, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    class DeadPool:
+        """Stands in for a process pool whose worker was killed (e.g. by the OOM killer)."""
+
+        def submit(self, fn, task: dict) -> Future:
+            future: Future = Future()
+            future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            return future
+
+        def shutdown(self, **kwargs) -> None:
+            pass
+
+    monkeypatch.setattr(prep, "_pool", lambda workers, job: DeadPool())
+    with pytest.raises(DataError, match=r"worker process died \(often: out of memory\) while "
+                                        r"writing .*out; run the same command again with fewer "
+                                        r"--workers, finished shards are kept"):
+        run(corpus, tmp_path / "out", workers=2)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_skipped_inputs_are_reported(corpus: dict, tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -227,3 +251,20 @@ def test_inspect_native_and_hdf5(corpus: dict, tmp_path: Path) -> None:
     assert "8 hdf5 file(s)" in text and "masked_lm_positions" in text and "[MASK](" in text
     with pytest.raises(DataError, match="no such file or directory"):
         inspect_dataset(tmp_path / "nothing")
+
+
+def test_jsonl_with_a_custom_text_field_through_the_cli(corpus: dict, tmp_path: Path) -> None:
+    from bertforge.cli import main
+
+    docs = [" ".join(corpus["sentences"][i:i + 3]) for i in range(0, 30, 3)]  # 10 paragraphs
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(docs)))
+    out = tmp_path / "out"
+    assert main(["prepare", "--input", str(jsonl), "--vocab", str(corpus["vocab"]),
+                 "--output", str(out), "--max-seq-length", "32", "--text-field", "body",
+                 "--validation-fraction", "0"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["documents"] == 10
+    # With the default field nothing is found: every line lacks "text".
+    assert main(["prepare", "--input", str(jsonl), "--vocab", str(corpus["vocab"]),
+                 "--output", str(tmp_path / "none")]) == 2

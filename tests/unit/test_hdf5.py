@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from bertforge.data.hdf5 import Hdf5Dataset, write_hdf5_shard
-from bertforge.data.loader import PretrainingLoader, build_loader
+from bertforge.data.loader import PretrainingLoader
+from bertforge.data.open import build_loader
 from bertforge.errors import ConfigError, DataError
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
@@ -48,7 +49,7 @@ def _write(path: Path, instances: list[Inst], **kw) -> int:
 def test_writer_schema_dtypes_and_content(tmp_path: Path) -> None:
     insts = _instances(10)
     path = tmp_path / "shard_0.hdf5"
-    assert _write(path, insts, dupe_factor=2) == 20
+    assert _write(path, insts + insts) == 20  # two passes, each with its own masks
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard_0.hdf5"]  # no temp file left
     with h5py.File(path, "r") as f:
         want = {"input_ids": ("i4", (20, S)), "input_mask": ("i1", (20, S)),

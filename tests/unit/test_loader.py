@@ -125,6 +125,18 @@ def test_state_round_trip_resumes_bitwise_across_epochs() -> None:
     assert part.state_dict()["batches_consumed"] == 0
 
 
+def test_rewind_replays_the_stream_from_its_start() -> None:
+    ds = ToyDataset(30)
+    loader = make(ds)  # k = 4, 3 global batches per epoch
+    first = take(loader, 5 * 4)  # into epoch 1
+    assert (loader.epoch, loader.batches_consumed) == (1, 2)
+    loader.rewind()
+    assert (loader.epoch, loader.batches_consumed) == (0, 0)
+    assert_same(take(loader, 5 * 4), first)
+    # The epoch-1 batches really differ from epoch 0's, so the replay is not trivially equal.
+    assert not torch.equal(first[0]["input_ids"], first[3 * 4]["input_ids"])
+
+
 def test_state_errors_name_the_mismatch() -> None:
     state = make(ToyDataset(50)).state_dict()
     with pytest.raises(CheckpointError, match=r"50 samples, \d+ tokens.*49 samples"):
@@ -178,19 +190,23 @@ def test_configuration_errors() -> None:
         make(ToyDataset(20), whole_word_masking=True)
     with pytest.raises(DataError, match="fewer samples than one global batch of 64"):
         make(ToyDataset(20), global_batch_size=64)
+    with pytest.raises(DataError, match=r"the dataset holds fewer samples than one global "
+                                        r"batch of 32 \(dataset has 20\); use a smaller "
+                                        r"train\.global_batch_size or more data"):
+        make(ToyDataset(20), global_batch_size=32)
 
 
 def test_build_loader_reads_a_native_directory_and_its_manifest(tmp_path) -> None:
-    from bertforge.data import native
+    from bertforge.data import native, native_writer
     from bertforge.data.instances import Instance
-    from bertforge.data.loader import build_loader
+    from bertforge.data.open import build_loader
 
     ds = ToyDataset(12)
     insts = [Instance(t.tolist(), a, n) for t, a, n in ds.samples]
     (tmp_path / "train").mkdir()
-    native.write_shard(tmp_path / "train" / "shard-00000.safetensors", insts[:5], vocab_size=VOCAB)
-    native.write_shard(tmp_path / "train" / "shard-00001.safetensors", insts[5:], vocab_size=VOCAB)
-    native.write_manifest(tmp_path, {
+    native_writer.write_shard(tmp_path / "train" / "shard-00000.safetensors", insts[:5], vocab_size=VOCAB)
+    native_writer.write_shard(tmp_path / "train" / "shard-00001.safetensors", insts[5:], vocab_size=VOCAB)
+    native_writer.write_manifest(tmp_path, {
         "format": native.FORMAT_NAME, "format_version": native.FORMAT_VERSION,
         "fingerprint": "abc", "vocab_size": VOCAB, "max_predictions": 3,
         "special_ids": {"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},

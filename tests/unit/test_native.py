@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from bertforge.data import native
+from bertforge.data import native, native_writer
 from bertforge.data.instances import Instance
 from bertforge.errors import DataError
 
@@ -34,7 +34,7 @@ def as_tuple(x) -> tuple:
 def test_shard_round_trip_sorted_by_bin(tmp_path: Path) -> None:
     insts = random_instances(200, seed=0)
     path = tmp_path / "s.safetensors"
-    meta = native.write_shard(path, insts, vocab_size=1000, bin_width=16, stats={"documents": 7})
+    meta = native_writer.write_shard(path, insts, vocab_size=1000, bin_width=16, stats={"documents": 7})
     shard = native.open_shard(path)
     got = [as_tuple(x) for x in native.iter_instances(shard)]
     assert shard.input_ids.dtype == np.uint16 and len(shard) == 200
@@ -55,8 +55,8 @@ def test_shard_round_trip_sorted_by_bin(tmp_path: Path) -> None:
 def test_shard_bytes_are_stable_and_readable_by_safetensors(tmp_path: Path) -> None:
     insts = random_instances(50, seed=1)
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
-    native.write_shard(a, insts, vocab_size=1000, stats={"x": 1, "y": [1, 2]})
-    native.write_shard(b, insts, vocab_size=1000, stats={"y": [1, 2], "x": 1})
+    native_writer.write_shard(a, insts, vocab_size=1000, stats={"x": 1, "y": [1, 2]})
+    native_writer.write_shard(b, insts, vocab_size=1000, stats={"y": [1, 2], "x": 1})
     assert a.read_bytes() == b.read_bytes()
     arrays = load_file(str(a))
     shard = native.open_shard(a)
@@ -69,11 +69,11 @@ def test_shard_bytes_are_stable_and_readable_by_safetensors(tmp_path: Path) -> N
 def test_large_vocab_uses_int32_and_empty_shard(tmp_path: Path) -> None:
     insts = random_instances(10, seed=2, vocab_size=70000)
     assert max(max(x.tokens) for x in insts) >= 65536
-    native.write_shard(tmp_path / "big.safetensors", insts, vocab_size=70000)
+    native_writer.write_shard(tmp_path / "big.safetensors", insts, vocab_size=70000)
     shard = native.open_shard(tmp_path / "big.safetensors")
     assert shard.input_ids.dtype == np.int32
     assert sorted(as_tuple(x) for x in native.iter_instances(shard)) == sorted(map(as_tuple, insts))
-    native.write_shard(tmp_path / "empty.safetensors", [], vocab_size=1000)
+    native_writer.write_shard(tmp_path / "empty.safetensors", [], vocab_size=1000)
     empty = native.open_shard(tmp_path / "empty.safetensors")
     assert len(empty) == 0 and empty.offsets.tolist() == [0] and empty.bins == []
 
@@ -81,18 +81,18 @@ def test_large_vocab_uses_int32_and_empty_shard(tmp_path: Path) -> None:
 def test_failed_write_leaves_no_file(tmp_path: Path) -> None:
     bad = [Instance(tokens=[2, 5000, 3], a_length=3, nsp_label=-1)]
     with pytest.raises(ValueError, match="token id outside"):
-        native.write_shard(tmp_path / "s.safetensors", bad, vocab_size=1000)
+        native_writer.write_shard(tmp_path / "s.safetensors", bad, vocab_size=1000)
     assert list(tmp_path.iterdir()) == []
 
 
 def write_dataset(root: Path, shards: list[list[Instance]]) -> None:
     entries = []
     for k, insts in enumerate(shards):
-        name = native.shard_name("train", k)
+        name = native_writer.shard_name("train", k)
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-        native.write_shard(root / name, insts, vocab_size=1000)
+        native_writer.write_shard(root / name, insts, vocab_size=1000)
         entries.append({"file": name, "instances": len(insts)})
-    native.write_manifest(root, {"format": native.FORMAT_NAME,
+    native_writer.write_manifest(root, {"format": native.FORMAT_NAME,
                                  "format_version": native.FORMAT_VERSION, "fingerprint": "abc",
                                  "splits": {"train": {"shards": entries}}})
 
@@ -126,21 +126,21 @@ def test_reader_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
     write_dataset(tmp_path, [random_instances(5, seed=3)])
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     manifest["splits"]["train"]["shards"][0]["instances"] = 6
-    native.write_manifest(tmp_path, manifest)
+    native_writer.write_manifest(tmp_path, manifest)
     with pytest.raises(DataError, match="holds 5 instances but the manifest says 6"):
         native.NativeDataset(tmp_path)[0]
     with pytest.raises(DataError, match="no split 'validation' \\(available: train\\)"):
         native.NativeDataset(tmp_path, split="validation")
     manifest["format_version"] = 99
-    native.write_manifest(tmp_path, manifest)
+    native_writer.write_manifest(tmp_path, manifest)
     with pytest.raises(DataError, match="format version 99 is not supported"):
         native.NativeDataset(tmp_path)
     manifest.update(format=native.HDF5_DIR_FORMAT, format_version=native.FORMAT_VERSION)
-    native.write_manifest(tmp_path, manifest)
+    native_writer.write_manifest(tmp_path, manifest)
     with pytest.raises(DataError, match="static-masked hdf5 shards, not native ones"):
         native.NativeDataset(tmp_path)
 
 
 def test_length_histogram() -> None:
-    hist = native.length_histogram(np.array([1, 32, 33, 64, 65, 128, 128]), 32)
+    hist = native_writer.length_histogram(np.array([1, 32, 33, 64, 65, 128, 128]), 32)
     assert hist == [[1, 32, 2], [33, 64, 2], [65, 96, 1], [97, 128, 2]]

@@ -16,12 +16,12 @@ import glob
 import gzip
 import json
 import lzma
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 from xml.etree import ElementTree
 
+from bertforge.data.lines import DECOMPRESS_ERRORS, iter_lines
 from bertforge.data.segment import split_sentences, wiki_to_paragraphs
 from bertforge.errors import ConfigError, DataError
 
@@ -47,7 +47,6 @@ MAX_LINE_CHARS = 1_000_000  # longer text lines are cut into chunks of at most t
 MAX_JSON_LINE_CHARS = 16_000_000  # a JSON record cannot be cut, so it gets a larger allowance
 MAX_DOC_CHARS = 20_000_000  # bounds memory when a file has no blank lines between documents
 MAX_WARNINGS_PER_FILE = 10  # per kind; then one summary line, so a bad file cannot flood the log
-_DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
 
 @dataclass
@@ -187,7 +186,7 @@ def _file_documents(
         try:
             head, reason = stream.read(8192), ""
             stream.seek(0)
-        except _DECOMPRESS_ERRORS as exc:
+        except DECOMPRESS_ERRORS as exc:
             head, reason = b"", f"cannot decompress ({exc}); corrupt, or not really {compression}"
         if not reason and not head:
             reason = "empty file"
@@ -277,7 +276,7 @@ def _text_documents(
         lines = [" ".join(block)] if layout == "paragraphs" else list(block)
         return Document(f"{path}:{start}", kind, lines)
 
-    for lineno, line in _iter_lines(stream, path, notes, stats, MAX_LINE_CHARS, split=True):
+    for lineno, line in iter_lines(stream, path, notes, stats, MAX_LINE_CHARS, split=True):
         text = line.strip()
         if not text:
             if block:
@@ -304,7 +303,7 @@ def _jsonl_documents(
     stream: IO[bytes], path: Path, text_field: str, notes: _FileWarnings, stats: ReadStats
 ) -> Iterator[Document]:
     """One JSON object per line; its ``text_field`` string is one document."""
-    for lineno, line in _iter_lines(stream, path, notes, stats, MAX_JSON_LINE_CHARS, split=False):
+    for lineno, line in iter_lines(stream, path, notes, stats, MAX_JSON_LINE_CHARS, split=False):
         if not line.strip():
             continue
         try:
@@ -371,93 +370,8 @@ def _wiki_documents(
             f"{path}:{line}: XML ends early or is malformed ({exc}); keeping the {kept} page(s) "
             "read before it"
         )
-    except _DECOMPRESS_ERRORS as exc:
+    except DECOMPRESS_ERRORS as exc:
         notes(
             f"{path}: reading stopped early ({exc}); the file is truncated or corrupt. "
             f"Keeping the {kept} page(s) read before it."
-        )
-
-
-def _utf8_tail(data: bytes) -> int:
-    """Bytes at the end of ``data`` that start a character not yet complete (0..3)."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 != 0x80:  # ASCII or a lead byte: how long is its character?
-            need = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            return back if need > back else 0
-    return 0
-
-
-def _iter_lines(
-    stream: IO[bytes],
-    path: Path,
-    notes: _FileWarnings,
-    stats: ReadStats,
-    max_chars: int,
-    *,
-    split: bool,
-) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text without its newline) for each line of ``stream``.
-
-    Lines are read with a byte limit so one enormous line (a binary blob, a whole book without
-    newlines) never has to fit in memory: it is cut into chunks of at most ``max_chars`` at
-    spaces (``split=True``, each chunk yielded with the same line number) or dropped.
-    Invalid UTF-8 is replaced with U+FFFD and reported once per file.
-    """
-    limit = 4 * max_chars  # a UTF-8 character is at most 4 bytes, so a legal line always fits
-    lineno, bad_utf8 = 0, False
-
-    def decode(data: bytes) -> str:
-        nonlocal bad_utf8
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            if not bad_utf8:
-                bad_utf8 = True
-                notes(
-                    f"{path}:{lineno}: invalid UTF-8 (first bad line in this file); undecodable "
-                    "bytes replaced with U+FFFD. Convert the file to UTF-8 (e.g. with iconv)."
-                )
-            return data.decode("utf-8", "replace")
-
-    def pieces(data: bytes) -> Iterator[str]:
-        # Decoded pieces of one line longer than ``limit`` bytes, cut at character boundaries.
-        while not (data.endswith(b"\n") or len(data) < limit):
-            cut = len(data) - _utf8_tail(data)
-            yield decode(data[:cut])
-            more = stream.readline(limit)
-            stats.text_bytes += len(more)
-            data = data[cut:] + more
-        yield decode(data)
-
-    try:
-        while data := stream.readline(limit):
-            lineno += 1
-            stats.text_bytes += len(data)
-            if len(data) < limit or data.endswith(b"\n"):
-                text = decode(data)
-                if len(text) <= max_chars:
-                    yield lineno, text.rstrip("\r\n")
-                    continue
-            action = "cut into chunks" if split else "skipped"
-            notes(
-                f"{path}:{lineno}: line longer than {max_chars:,} characters; {action}",
-                kind="long line",
-            )
-            pending = ""
-            for piece in pieces(data):
-                if not split:
-                    continue  # read to the end of the line, keeping nothing
-                pending += piece
-                while len(pending) > max_chars:
-                    cut = pending.rfind(" ", 0, max_chars)
-                    cut = cut if cut > 0 else max_chars
-                    yield lineno, pending[:cut]
-                    pending = pending[cut:]
-            if pending.strip():
-                yield lineno, pending.rstrip("\r\n")
-    except _DECOMPRESS_ERRORS as exc:
-        notes(
-            f"{path}:{lineno + 1}: reading stopped early ({exc}); the file is truncated or "
-            f"corrupt. Keeping the {lineno} line(s) read before it."
         )

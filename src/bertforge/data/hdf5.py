@@ -16,9 +16,8 @@ reads it that way too).
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import numpy as np
 
 from bertforge.data.masking import mask_tokens
 from bertforge.errors import ConfigError, DataError
+from bertforge.io import atomic_write
 
 IGNORE_INDEX = -100
 
@@ -54,60 +54,56 @@ def write_hdf5_shard(
     vocab_size: int,
     special_ids: Iterable[int] | np.ndarray,
     rng: np.random.Generator,
-    dupe_factor: int = 1,
+    attrs: Mapping[str, str] | None = None,
 ) -> int:
-    """Mask ``instances`` once per copy and write them as one NVIDIA-layout shard.
+    """Mask ``instances`` and write them as one NVIDIA-layout shard.
 
     ``instances`` are ``Instance``-like objects (tokens incl. [CLS]/[SEP], a_length,
-    nsp_label). Each is written ``dupe_factor`` times (copy-major order) with independent masks
-    from ``rng``. The file appears atomically: it is written under a temporary name in the same
-    directory and renamed. Returns the number of rows written.
+    nsp_label), one row each, masked in order with draws from ``rng``; to write several
+    passes with independent masks, pass the instances that many times. ``attrs`` are stored
+    as file attributes (NVIDIA's readers ignore them). The file appears atomically: it is
+    written under a temporary name in the same directory and renamed. Returns the number of
+    rows written.
     """
     path = Path(path)
     if whole_word_masking and is_continuation is None:
         raise ConfigError("whole_word_masking=True needs is_continuation "
                           "(pass is_continuation=tokenizer.is_continuation)")
-    if dupe_factor < 1:
-        raise ConfigError(f"dupe_factor={dupe_factor} must be at least 1")
     specials = np.union1d(np.fromiter((int(i) for i in special_ids), dtype=np.int64), [mask_id])
-    n, s, p = len(instances) * dupe_factor, max_seq_length, max_predictions
+    n, s, p = len(instances), max_seq_length, max_predictions
     shapes = {"input_ids": (n, s), "input_mask": (n, s), "segment_ids": (n, s),
               "masked_lm_positions": (n, p), "masked_lm_ids": (n, p), "next_sentence_labels": (n,)}
     data = {name: np.zeros(shape, dtype=np.int64) for name, shape in shapes.items()}
-    row = 0
-    for _copy in range(dupe_factor):
-        for i, inst in enumerate(instances):
-            tokens = np.asarray(inst.tokens, dtype=np.int64)
-            length, a_length = len(tokens), int(inst.a_length)
-            if length > s:
-                raise DataError(f"{path}: instance {i} has {length} tokens, more than "
-                                f"max_seq_length={s}; build instances with the same "
-                                f"max_seq_length as the shard")
-            if not 0 < a_length <= length:
-                raise DataError(f"{path}: instance {i} has a_length={a_length} outside "
-                                f"[1, {length}]")
-            ids, positions, labels = mask_tokens(
-                tokens, rng, masked_lm_prob=masked_lm_prob, max_predictions=p, mask_id=mask_id,
-                vocab_size=vocab_size, special_ids=specials,
-                is_continuation=is_continuation if whole_word_masking else None)
-            data["input_ids"][row, :length] = ids
-            data["input_mask"][row, :length] = 1
-            data["segment_ids"][row, a_length:length] = 1
-            data["masked_lm_positions"][row, : len(positions)] = positions
-            data["masked_lm_ids"][row, : len(labels)] = labels
-            data["next_sentence_labels"][row] = int(inst.nsp_label)
-            row += 1
+    for row, inst in enumerate(instances):
+        tokens = np.asarray(inst.tokens, dtype=np.int64)
+        length, a_length = len(tokens), int(inst.a_length)
+        if length > s:
+            raise DataError(f"{path}: instance {row} has {length} tokens, more than "
+                            f"max_seq_length={s}; build instances with the same "
+                            f"max_seq_length as the shard")
+        if not 0 < a_length <= length:
+            raise DataError(f"{path}: instance {row} has a_length={a_length} outside "
+                            f"[1, {length}]")
+        ids, positions, labels = mask_tokens(
+            tokens, rng, masked_lm_prob=masked_lm_prob, max_predictions=p, mask_id=mask_id,
+            vocab_size=vocab_size, special_ids=specials,
+            is_continuation=is_continuation if whole_word_masking else None)
+        data["input_ids"][row, :length] = ids
+        data["input_mask"][row, :length] = 1
+        data["segment_ids"][row, a_length:length] = 1
+        data["masked_lm_positions"][row, : len(positions)] = positions
+        data["masked_lm_ids"][row, : len(labels)] = labels
+        data["next_sentence_labels"][row] = int(inst.nsp_label)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    def write(tmp: Path) -> None:
         with h5py.File(tmp, "w") as f:
             for name, (dtype, _) in SCHEMA.items():
                 f.create_dataset(name, data=data[name].astype(dtype), compression="gzip")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+            for key, value in (attrs or {}).items():
+                f.attrs[key] = value
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, write)
     return n
 
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertforge.data import native
+from bertforge.data.loader import IGNORE_INDEX, MicroBatchMaker, masking_spec
 from bertforge.errors import DataError
 
 _NSP_NAMES = {0: "IsNext / in order", 1: "random next / swapped", -1: "no pair objective"}
@@ -108,28 +109,29 @@ def _native_samples(path: Path, m: dict[str, Any], tok: Any, num: int, seed: int
                    f"nsp_label {item.nsp_label} ({_NSP_NAMES.get(item.nsp_label, '?')})")
         out.append("  tokens   " + " ".join(words))
         out.append("  segments " + "".join("0" if k < item.a_length else "1" for k in range(n)))
-        masked = _dynamic_mask(item.tokens, m, tok, seed, i)
-        if masked is not None:
-            ids, positions, labels = masked
-            out.append(f"  masked   (loader draw, seed {seed}, epoch 0; shown as input(original))")
-            out.append("           " + _show_masked(tok, ids, positions, labels))
+        ids, positions, labels = _dynamic_mask(ds, m, tok, seed, i)
+        out.append(f"  masked   (loader draw, seed {seed}, epoch 0; shown as input(original))")
+        out.append("           " + _show_masked(tok, ids, positions, labels))
     return "\n".join(out)
 
 
-def _dynamic_mask(tokens: np.ndarray, m: dict[str, Any], tok: Any, seed: int,
-                  index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """One draw of the loader's masking for this instance, if the masking module is available."""
-    try:
-        from bertforge.data.masking import mask_tokens, sample_rng
-    except ImportError:  # pragma: no cover - the masking module ships with the loader
-        return None
+def _dynamic_mask(ds: native.NativeDataset, m: dict[str, Any], tok: Any, seed: int,
+                  index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The loader's own draw for instance ``index`` in epoch 0 with ``seed``: the masked ids
+    (L,), the predicted positions (P,) and the original ids there (P,)."""
+    special = m["special_ids"]
+    # Whole-word masking needs the vocabulary's "##" flags; without a tokenizer, show plain masks.
     wwm = bool(m.get("whole_word_masking")) and tok is not None
-    return mask_tokens(
-        np.asarray(tokens, dtype=np.int64), sample_rng(seed, 0, index),
+    spec = masking_spec(
         masked_lm_prob=m["masked_lm_prob"], max_predictions=m["max_predictions"],
-        mask_id=m["special_ids"]["mask"], vocab_size=m["vocab_size"],
-        special_ids=sorted(set(m["special_ids"].values())),
-        is_continuation=tok.is_continuation if wwm else None)
+        whole_word_masking=wwm, is_continuation=tok.is_continuation if wwm else None,
+        mask_id=special["mask"], vocab_size=m["vocab_size"], special_ids=list(special.values()),
+        pad_id=special["pad"])
+    maker = MicroBatchMaker(ds, seed=seed, masking=spec, pad_id=special["pad"],
+                            pad_to_multiple_of=1)
+    ids, _types, labels, _nsp = maker.dynamic_row(index, epoch=0)
+    positions = np.flatnonzero(labels != IGNORE_INDEX)
+    return ids, positions, labels[positions]
 
 
 def _show_masked(tok: Any, ids: np.ndarray, positions: np.ndarray, labels: np.ndarray) -> str:
@@ -141,7 +143,7 @@ def _show_masked(tok: Any, ids: np.ndarray, positions: np.ndarray, labels: np.nd
 def _hdf5_samples(files: list[Path], tok: Any, num: int, seed: int) -> str:
     import h5py
 
-    from bertforge.data.hdf5 import IGNORE_INDEX, Hdf5Dataset
+    from bertforge.data.hdf5 import Hdf5Dataset
 
     if not files:
         return "(no hdf5 shards)"

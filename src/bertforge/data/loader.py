@@ -6,20 +6,18 @@ Global batch g of an epoch holds ``global_batch_size`` samples, split row-major 
 ``world_size * k`` chunks of ``micro_batch_size`` (k = accumulation steps); rank r's j-th
 micro-step takes chunk ``c = r * k + j``. One process with k accumulation steps and k processes
 with one step each therefore see the same global batches with the same masks, and ranks never
-share a sample.
+share a sample. Opening data from a path and building a loader over it: ``bertforge.data.open``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from bertforge.data import native
 from bertforge.data.masking import mask_tokens, normalize_special_ids, order_rng, sample_rng
 from bertforge.errors import CheckpointError, ConfigError, DataError
 
@@ -63,6 +61,27 @@ class MaskingSpec:
 Row = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # input_ids, token_type_ids, mlm_labels, nsp
 
 
+def masking_spec(*, masked_lm_prob: float, max_predictions: int, whole_word_masking: bool,
+                 is_continuation: np.ndarray | None, mask_id: int | None, vocab_size: int | None,
+                 special_ids: Sequence[int] | np.ndarray, pad_id: int) -> MaskingSpec:
+    """Checked dynamic-masking settings; ``ConfigError`` naming the keyword when one is wrong."""
+    if not 0.0 < masked_lm_prob <= 1.0:
+        raise ConfigError(f"masked_lm_prob={masked_lm_prob} must be in (0, 1]")
+    if max_predictions < 1:
+        raise ConfigError(f"max_predictions={max_predictions} must be at least 1")
+    if mask_id is None or vocab_size is None:
+        raise ConfigError("dynamic masking needs mask_id and vocab_size (the tokenizer's "
+                          "mask_id and vocab_size, or a native shard directory's manifest)")
+    if whole_word_masking and is_continuation is None:
+        raise ConfigError("whole_word_masking=True needs is_continuation (pass "
+                          "is_continuation=tokenizer.is_continuation)")
+    # [MASK] and [PAD] are never targets nor random replacements, listed or not.
+    specials = np.union1d(normalize_special_ids(special_ids), [mask_id, pad_id])
+    wwm = np.asarray(is_continuation, dtype=bool) if whole_word_masking else None
+    return MaskingSpec(masked_lm_prob, max_predictions, int(mask_id), int(vocab_size),
+                       specials, wwm)
+
+
 def collate_rows(rows: Sequence[Row], *, pad_id: int,
                  pad_to_multiple_of: int) -> dict[str, torch.Tensor]:
     """Pad rows to the longest one rounded up to ``pad_to_multiple_of`` (contracts.md batch).
@@ -102,7 +121,8 @@ class MicroBatchMaker(torch.utils.data.Dataset):
         self.dataset, self.seed, self.masking = dataset, seed, masking
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
 
-    def _dynamic_row(self, index: int, epoch: int) -> Row:
+    def dynamic_row(self, index: int, epoch: int) -> Row:
+        """Sample ``index`` with the mask it gets in ``epoch``: (ids, types, labels, nsp), (L,)."""
         m = self.masking
         assert m is not None
         tokens, a_length, nsp = self.dataset.get(index)
@@ -120,7 +140,7 @@ class MicroBatchMaker(torch.utils.data.Dataset):
         if self.masking is None:
             rows = [self.dataset.get_static(int(i)) for i in indices]
         else:
-            rows = [self._dynamic_row(int(i), epoch) for i in indices]
+            rows = [self.dynamic_row(int(i), epoch) for i in indices]
         return collate_rows(rows, pad_id=self.pad_id, pad_to_multiple_of=self.pad_to_multiple_of)
 
 
@@ -217,9 +237,10 @@ class PretrainingLoader:
         self.seed, self.drop_last = seed, drop_last
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.static_masks = hasattr(dataset, "get_static")
-        masking = None if self.static_masks else self._masking_spec(
-            masked_lm_prob, max_predictions, whole_word_masking, is_continuation, mask_id,
-            vocab_size, special_ids, pad_id)
+        masking = None if self.static_masks else masking_spec(
+            masked_lm_prob=masked_lm_prob, max_predictions=max_predictions,
+            whole_word_masking=whole_word_masking, is_continuation=is_continuation,
+            mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids, pad_id=pad_id)
         self._maker = MicroBatchMaker(dataset, seed=seed, masking=masking, pad_id=pad_id,
                                       pad_to_multiple_of=pad_to_multiple_of)
         self._shard_offsets = getattr(dataset, "shard_offsets", None)
@@ -234,27 +255,6 @@ class PretrainingLoader:
         self._fingerprint = self._dataset_fingerprint()
         self._order_cache: tuple[int, np.ndarray] | None = None
 
-    @staticmethod
-    def _masking_spec(masked_lm_prob: float, max_predictions: int, whole_word_masking: bool,
-                      is_continuation: np.ndarray | None, mask_id: int | None,
-                      vocab_size: int | None, special_ids: Sequence[int] | np.ndarray,
-                      pad_id: int) -> MaskingSpec:
-        if not 0.0 < masked_lm_prob <= 1.0:
-            raise ConfigError(f"masked_lm_prob={masked_lm_prob} must be in (0, 1]")
-        if max_predictions < 1:
-            raise ConfigError(f"max_predictions={max_predictions} must be at least 1")
-        if mask_id is None or vocab_size is None:
-            raise ConfigError("dynamic masking needs mask_id and vocab_size (the tokenizer's "
-                              "mask_id and vocab_size, or a native shard directory's manifest)")
-        if whole_word_masking and is_continuation is None:
-            raise ConfigError("whole_word_masking=True needs is_continuation (pass "
-                              "is_continuation=tokenizer.is_continuation)")
-        # [MASK] and [PAD] are never targets nor random replacements, listed or not.
-        specials = np.union1d(normalize_special_ids(special_ids), [mask_id, pad_id])
-        wwm = np.asarray(is_continuation, dtype=bool) if whole_word_masking else None
-        return MaskingSpec(masked_lm_prob, max_predictions, int(mask_id), int(vocab_size),
-                           specials, wwm)
-
     def _count_batches(self, n: int) -> int:
         counts = [n] if self._bins is None else np.bincount(self._bins).tolist()
         g = self.global_batch_size
@@ -262,8 +262,8 @@ class PretrainingLoader:
         if total == 0:
             where = "any length bin" if self._bins is not None else "the dataset"
             raise DataError(f"{where} holds fewer samples than one global batch of "
-                            f"{g} (dataset has {n}); lower global_batch_size, add data, "
-                            f"or set drop_last=False")
+                            f"{g} (dataset has {n}); use a smaller train.global_batch_size or "
+                            f"more data")
         return total
 
     def _dataset_fingerprint(self) -> str:
@@ -327,6 +327,11 @@ class PretrainingLoader:
                     self.epoch, self.batches_consumed = self.epoch + 1, 0
             yield batch
 
+    def rewind(self) -> None:
+        """Go back to the start of the stream (epoch 0, global batch 0) with the same seed, so
+        the next iterator yields the very same batches as the first one did."""
+        self.epoch, self.batches_consumed = 0, 0
+
     def state_dict(self) -> dict[str, Any]:
         """Position and identity of the stream; plain ints and strings (JSON-safe)."""
         return {"epoch": self.epoch, "batches_consumed": self.batches_consumed, "seed": self.seed,
@@ -370,73 +375,6 @@ class _KeyStream:
         return self._keys
 
 
-def _manifest_defaults(root: Path, manifest: dict[str, Any],
-                       overrides: dict[str, Any]) -> dict[str, Any]:
-    """Loader keywords recorded by `bertforge prepare` (special ids, vocab, masking settings)."""
-    special = {k: int(v) for k, v in manifest.get("special_ids", {}).items()}
-    out: dict[str, Any] = {"special_ids": sorted(set(special.values()))}
-    if "pad" in special:
-        out["pad_id"] = special["pad"]
-    if "mask" in special:
-        out["mask_id"] = special["mask"]
-    for key in ("vocab_size", "masked_lm_prob", "max_predictions", "whole_word_masking"):
-        if key in manifest:
-            out[key] = manifest[key]
-    wwm = overrides.get("whole_word_masking", out.get("whole_word_masking", False))
-    if wwm and overrides.get("is_continuation") is None and "tokenizer" in manifest:
-        from bertforge.tokenization import BertTokenizer
-
-        tokenizer = BertTokenizer.from_pretrained(root / manifest["tokenizer"])
-        out["is_continuation"] = tokenizer.is_continuation
-    return out
-
-
-def open_pretraining_dataset(path: str | Path | Sequence[str | Path], *, split: str = "train",
-                             overrides: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-    """Open prepared data; returns (dataset, loader keywords it implies).
-
-    ``path`` is a `bertforge prepare` output (native or hdf5; ``split`` picks the split), a
-    directory of NVIDIA/Google *.hdf5/*.h5 shards, one such file, or a list of them.
-    """
-    from bertforge.data.hdf5 import Hdf5Dataset
-
-    if not isinstance(path, (str, Path)):
-        return Hdf5Dataset([Path(f) for f in path]), {"pad_id": 0}
-    p = Path(path)
-    if p.is_dir() and (p / native.MANIFEST_NAME).is_file():
-        manifest = native.read_manifest(p, native_only=False)
-        defaults = _manifest_defaults(p, manifest, overrides or {})
-        if manifest.get("format") == native.FORMAT_NAME:
-            return native.NativeDataset(p, split), defaults
-        splits = manifest.get("splits", {})
-        if split not in splits:
-            raise DataError(f"{p}: no split {split!r} (available: {', '.join(sorted(splits))})")
-        files = [p / s["file"] for s in splits[split]["shards"]]
-        return Hdf5Dataset(files), defaults
-    if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix in (".hdf5", ".h5"))
-        if not files:
-            raise DataError(f"{p}: neither a manifest.json (`bertforge prepare` output) nor "
-                            f"*.hdf5/*.h5 shards found; give a prepared directory or hdf5 shards")
-        return Hdf5Dataset(files), {"pad_id": 0}  # NVIDIA/Google shards pad with id 0
-    if p.is_file():
-        return Hdf5Dataset([p]), {"pad_id": 0}
-    raise DataError(f"{p}: no such file or directory; give a directory made by "
-                    f"`bertforge prepare` or NVIDIA/Google hdf5 shards")
-
-
-def build_loader(path: str | Path | Sequence[str | Path], *, split: str = "train",
-                 **kwargs: Any) -> PretrainingLoader:
-    """A PretrainingLoader over prepared data, choosing the reader from what ``path`` holds.
-
-    Keywords recorded in a prepare manifest (special ids, vocab size, masking settings) are
-    defaults that ``kwargs`` override. hdf5 shards carry static masks, so masking keywords have
-    no effect on them.
-    """
-    dataset, defaults = open_pretraining_dataset(path, split=split, overrides=kwargs)
-    return PretrainingLoader(dataset, **{**defaults, **kwargs})
-
-
 __all__ = ["PretrainingDataset", "StaticMaskedDataset", "MaskingSpec", "MicroBatchMaker",
-           "PretrainingLoader", "accumulation_steps", "build_loader", "collate_rows",
-           "epoch_batches", "length_bins", "open_pretraining_dataset"]
+           "PretrainingLoader", "accumulation_steps", "collate_rows", "epoch_batches",
+           "length_bins", "masking_spec"]

@@ -2,8 +2,8 @@
 
 The main process only reads documents (cheap I/O) and groups them, in input order, into chunks
 of at most ``docs_per_shard`` documents or ``chunk_bytes`` of text, so chunk boundaries depend
-only on the input. Each chunk becomes one shard per split, built by a worker with RNGs seeded by
-``(seed, chunk index)``: segmentation, tokenization, validation assignment, instance creation and
+only on the input. Each chunk becomes one shard per split, built by a worker
+(:mod:`bertforge.data.prepare_worker`) with RNGs seeded by ``(seed, chunk index)``: segmentation, tokenization, validation assignment, instance creation and
 the shard write. Hence the output is identical byte for byte whatever the worker count, and a
 re-run skips the chunks whose shards exist (resume). ``manifest.json`` is written last.
 """
@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import random
 import shutil
-import signal
 import sys
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -27,13 +24,15 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from bertforge.data import native
-from bertforge.data.instances import Instance, check_instance_settings, create_instances
-from bertforge.errors import ConfigError, DataError, UserError
+from bertforge.data import native, native_writer
+from bertforge.data import prepare_worker as worker
+from bertforge.data.instances import check_instance_settings
+from bertforge.data.prepare_worker import load_tokenizer
+from bertforge.errors import ConfigError, DataError
+from bertforge.io import write_json_atomic
 
 SETTINGS_NAME = "prepare-settings.json"
 TOKENIZER_DIR = "tokenizer"
-HDF5_SUFFIX = ".hdf5"
 # Rough English WordPiece density (bytes of raw text per token) for the up-front size estimate.
 BYTES_PER_TOKEN = 4.5
 
@@ -99,9 +98,10 @@ def prepare(
     seed: int = 12345,
     fmt: str = "native",
     input_format: str = "auto",
+    text_field: str = "text",
     docs_per_shard: int = 2048,
     chunk_bytes: int = 8 << 20,
-    length_bin_width: int = native.DEFAULT_BIN_WIDTH,
+    length_bin_width: int = native_writer.DEFAULT_BIN_WIDTH,
     overwrite: bool = False,
     progress: bool = True,
 ) -> PrepareReport:
@@ -138,8 +138,9 @@ def prepare(
         "whole_word_masking": bool(whole_word_masking),
         "dupe_factor": dupe_factor if fmt == "hdf5" else 1,
         "validation_fraction": validation_fraction, "seed": seed, "input_format": input_format,
-        "docs_per_shard": docs_per_shard, "chunk_bytes": chunk_bytes,
-        "length_bin_width": length_bin_width, "token_dtype": native.token_dtype(vocab_size).str,
+        "text_field": text_field, "docs_per_shard": docs_per_shard, "chunk_bytes": chunk_bytes,
+        "length_bin_width": length_bin_width,
+        "token_dtype": native_writer.token_dtype(vocab_size).str,
         "inputs": [[str(f.resolve()), f.stat().st_size] for f in files],
     }
     fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
@@ -160,13 +161,14 @@ def prepare(
     interrupted = False
     try:
         pending: list[tuple[Future | None, dict[str, Any]]] = []
-        for task in _chunks(files, input_format, docs_per_shard, chunk_bytes, warnings, skipped):
+        for task in _chunks(files, input_format, text_field, docs_per_shard, chunk_bytes,
+                            warnings, skipped):
             done = _finished_chunk(output, splits, task["index"], fmt)
             if done is not None:
                 resumed += 1
                 task = {"index": task["index"], "bytes": task["bytes"], "splits": done}
-            pending.append((pool.submit(_process_chunk, task) if pool and done is None else None,
-                            task))
+            pending.append((pool.submit(worker.process_chunk, task)
+                            if pool and done is None else None, task))
             # Harvest in input order; finished (resumed) chunks at the front go straight through.
             while pending and (len(pending) > limit or "splits" in pending[0][1]):
                 results.append(_harvest(*pending.pop(0), bar))
@@ -176,30 +178,32 @@ def prepare(
         interrupted = True
         raise
     except BrokenProcessPool as e:
-        raise RuntimeError("a prepare worker process died (often: out of memory); run again with "
-                           "fewer --workers, finished shards are kept") from e
+        raise DataError(f"a prepare worker process died (often: out of memory) while writing "
+                        f"{output}; run the same command again with fewer --workers, finished "
+                        "shards are kept") from e
     finally:
         bar.close()
         if pool:
             # Queued chunks are dropped; running ones (workers ignore SIGINT) finish atomically.
             pool.shutdown(wait=True, cancel_futures=True)
         if interrupted:
-            native.remove_temp_files(output, splits)
+            native_writer.remove_temp_files(output, splits)
             say("prepare: interrupted; finished shards are kept, run the same command to resume")
 
     if not results:
         raise DataError(f"no documents found in {', '.join(map(str, inputs))} (input format "
                         f"{input_format!r}); check --input and --input-format"
                         + "".join(f"; skipped {s}" for s in skipped[:5]))
-    shard_names = {r["index"]: {s: _shard_name(s, r["index"], fmt) for s in splits} for r in results}
-    manifest = native.build_manifest(settings, fingerprint, results, shard_names, TOKENIZER_DIR)
+    shard_names = {r["index"]: {s: worker.shard_name(s, r["index"], fmt) for s in splits}
+                   for r in results}
+    manifest = native_writer.build_manifest(settings, fingerprint, results, shard_names, TOKENIZER_DIR)
     totals = manifest["counts"]
     if totals["instances"] == 0:
         raise DataError(
             f"{totals['documents']} document(s) read from {', '.join(map(str, inputs))} but no "
             "instance could be built: documents need at least two tokens of text (check "
             "--input-format; with 'sentences' a blank line ends a document)")
-    native.write_manifest(output, manifest)
+    native_writer.write_manifest(output, manifest)
     return PrepareReport(
         output=output, fmt=fmt, objective=objective, totals=totals,
         splits={s: {k: manifest["splits"][s][k] for k in ("documents", "instances", "tokens")}
@@ -208,24 +212,6 @@ def prepare(
         estimated_bytes=estimate,
         output_bytes=sum(p.stat().st_size for p in output.rglob("*") if p.is_file()),
         seconds=time.perf_counter() - started, skipped_inputs=skipped, warnings=warnings)
-
-
-def load_tokenizer(vocab: str | Path) -> Any:
-    """The ``BertTokenizer`` for ``--vocab``; ``DataError`` when it is missing or unusable."""
-    from bertforge.tokenization import BertTokenizer
-
-    path = Path(vocab)
-    if not path.exists():
-        raise DataError(f"--vocab {path}: no such file; give a vocab.txt, a tokenizer.json or a "
-                        "model directory (make one with `bertforge vocab`)")
-    try:
-        tok = BertTokenizer.from_pretrained(path) if path.is_dir() else BertTokenizer.from_file(path)
-    except UserError:
-        raise
-    except Exception as e:  # the tokenizers library raises plain exceptions for bad files
-        raise DataError(f"--vocab {path}: cannot be read as a WordPiece vocabulary ({e}); expected "
-                        "vocab.txt (one token per line) or a tokenizer.json") from e
-    return tok
 
 
 def _special_ids(tok: Any) -> dict[str, int]:
@@ -281,12 +267,12 @@ def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: boo
     for split in ("train", "validation"):
         (output / split).mkdir(parents=True, exist_ok=True)
     if not settings_file.is_file():
-        native.write_json_atomic(settings_file, {"fingerprint": fingerprint, "settings": settings})
-    native.remove_temp_files(output, ["train", "validation"])
+        write_json_atomic(settings_file, {"fingerprint": fingerprint, "settings": settings})
+    native_writer.remove_temp_files(output, ["train", "validation"])
 
 
-def _chunks(files: list[Path], input_format: str, docs_per_shard: int, chunk_bytes: int,
-            warnings: list[str], skipped: list[str]) -> Iterator[dict[str, Any]]:
+def _chunks(files: list[Path], input_format: str, text_field: str, docs_per_shard: int,
+            chunk_bytes: int, warnings: list[str], skipped: list[str]) -> Iterator[dict[str, Any]]:
     """Documents of all files, in order, grouped into tasks ``{index, docs, bytes}``.
 
     A chunk closes after ``docs_per_shard`` documents or ``chunk_bytes`` characters of text
@@ -301,7 +287,8 @@ def _chunks(files: list[Path], input_format: str, docs_per_shard: int, chunk_byt
             warnings.append(message if str(path) in message else f"{path}: {message}")
 
         stats = ReadStats()
-        for doc in iter_documents(path, input_format=input_format, warn=warn, stats=stats):
+        for doc in iter_documents(path, input_format=input_format, text_field=text_field,
+                                  warn=warn, stats=stats):
             docs.append(doc)
             text += sum(len(line) + 1 for line in doc.lines)
             if len(docs) >= docs_per_shard or text >= chunk_bytes:
@@ -318,7 +305,7 @@ def _chunks(files: list[Path], input_format: str, docs_per_shard: int, chunk_byt
 
 def _finished_chunk(root: Path, splits: list[str], index: int, fmt: str) -> dict | None:
     """Per-split stats of chunk ``index`` if an earlier run finished it, else None."""
-    paths = {s: root / _shard_name(s, index, fmt) for s in splits}
+    paths = {s: root / worker.shard_name(s, index, fmt) for s in splits}
     if not all(p.is_file() for p in paths.values()):
         return None
     if fmt == "native":
@@ -332,124 +319,30 @@ def _finished_chunk(root: Path, splits: list[str], index: int, fmt: str) -> dict
     return out
 
 
-def _shard_name(split: str, index: int, fmt: str) -> str:
-    return native.shard_name(split, index, native.SHARD_SUFFIX if fmt == "native" else HDF5_SUFFIX)
-
-
-# --- workers -------------------------------------------------------------------------------------
-
-_JOB: dict[str, Any] = {}  # per process: the job settings and the loaded tokenizer
-
-
-def _init_worker(job: dict[str, Any], in_pool: bool) -> None:
-    if in_pool:
-        # N worker processes each running a tokenizer thread pool would oversubscribe the cores.
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # Ctrl-C reaches every process of the terminal; the main process decides what stops.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _JOB.clear()
-    _JOB.update(job, tokenizer=load_tokenizer(job["vocab_path"]))
-
+# --- worker pool ---------------------------------------------------------------------------------
 
 def _pool(workers: int, job: dict[str, Any]) -> ProcessPoolExecutor | None:
     """A spawn-based process pool, or (workers == 1) None: chunks then run in this process."""
     if workers == 1:
-        _init_worker(job, in_pool=False)
+        worker.init_worker(job, in_pool=False)
         return None
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                               initializer=_init_worker, initargs=(job, True))
+                               initializer=worker.init_worker, initargs=(job, True))
 
 
 def _harvest(fut: Future | None, task: dict[str, Any], bar: Any) -> dict[str, Any]:
+    """The result of one chunk, in input order: from its future, from an earlier run (resumed),
+    or computed here (no pool); advances the progress bar."""
     if fut is not None:
         result = fut.result()
     else:
-        result = task if "splits" in task else _process_chunk(task)
+        result = task if "splits" in task else worker.process_chunk(task)
     for key in ("documents", "tokens"):
         bar.seen[key] = bar.seen.get(key, 0) + sum(v[key] for v in result["splits"].values())
     bar.set_postfix(docs=f"{bar.seen['documents']:,}", tokens=f"{bar.seen['tokens']:,}",
                     refresh=False)
     bar.update(result["bytes"])
     return result
-
-
-def _chunk_rng(seed: int, index: int, purpose: str) -> random.Random:
-    """An RNG that depends only on (seed, chunk, purpose), never on the process or worker count."""
-    digest = hashlib.sha256(f"{seed}/{index}/{purpose}".encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "little"))
-
-
-def _process_chunk(task: dict[str, Any]) -> dict[str, Any]:
-    """Segment, tokenize, split, build instances and write this chunk's shard for each split."""
-    from bertforge.data.corpus import document_sentences
-
-    job, index = _JOB, task["index"]
-    sentences = [document_sentences(d) for d in task["docs"]]
-    flat = [s for doc in sentences for s in doc]
-    ids = job["tokenizer"].encode_batch(flat, add_special_tokens=False) if flat else []
-    split_rng = _chunk_rng(job["seed"], index, "split")
-    by_split: dict[str, list[list[list[int]]]] = {s: [] for s in job["splits"]}
-    pos = 0
-    for doc in sentences:
-        # One draw per document, empty or not, so the assignment of a document is stable.
-        held_out = split_rng.random() < job["validation_fraction"]
-        encoded = [list(x) for x in ids[pos : pos + len(doc)] if len(x)]
-        pos += len(doc)
-        by_split["validation" if held_out else "train"].append(encoded)
-    out: dict[str, Any] = {"index": index, "bytes": task["bytes"], "splits": {}}
-    # Validation first, train last: a chunk counts as finished once all its shards exist.
-    for split in sorted(job["splits"], reverse=True):
-        out["splits"][split] = _write_split(job, index, split, by_split[split])
-    return out
-
-
-def _write_split(job: dict[str, Any], index: int, split: str, docs: list[list[list[int]]]) -> dict:
-    rng = _chunk_rng(job["seed"], index, split)
-    sp = job["special_ids"]
-    instances: list[Instance] = []
-    for _ in range(job["dupe_factor"]):  # 1 for native: masks vary per epoch at load time
-        instances += create_instances(
-            docs, rng, max_seq_length=job["max_seq_length"], short_seq_prob=job["short_seq_prob"],
-            objective=job["objective"], cls_id=sp["cls"], sep_id=sp["sep"])
-    rng.shuffle(instances)
-    lengths = np.array([len(x.tokens) for x in instances], dtype=np.int64)
-    stats = {
-        "documents": sum(1 for d in docs if d), "skipped_documents": sum(1 for d in docs if not d),
-        "sentences": sum(len(d) for d in docs), "instances": len(instances),
-        "tokens": int(lengths.sum()),
-        "length_histogram": native.length_histogram(lengths, job["length_bin_width"]),
-    }
-    path = Path(job["root"]) / _shard_name(split, index, job["output_format"])
-    if job["output_format"] == "native":
-        native.write_shard(path, instances, vocab_size=job["vocab_size"],
-                           bin_width=job["length_bin_width"], stats=stats)
-    else:
-        _write_hdf5(path, instances, job, rng, stats)
-    return stats
-
-
-def _write_hdf5(path: Path, instances: list[Instance], job: dict, rng: random.Random,
-                stats: dict) -> None:
-    """Static-masked hdf5 shard; written under a temp name, stats added, then renamed."""
-    import h5py
-
-    from bertforge.data.hdf5 import write_hdf5_shard
-
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    sp = job["special_ids"]
-    tok = job["tokenizer"]
-    try:
-        write_hdf5_shard(
-            tmp, instances, max_seq_length=job["max_seq_length"],
-            max_predictions=job["max_predictions"], masked_lm_prob=job["masked_lm_prob"],
-            whole_word_masking=job["whole_word_masking"], is_continuation=tok.is_continuation,
-            mask_id=sp["mask"], special_ids=sorted(set(sp.values())), vocab_size=job["vocab_size"],
-            rng=np.random.default_rng(rng.getrandbits(64)))
-        with h5py.File(tmp, "a") as f:
-            f.attrs["bertforge_stats"] = json.dumps(stats, sort_keys=True)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # --- helpers -------------------------------------------------------------------------------------

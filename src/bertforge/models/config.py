@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import ConfigError
+from bertforge.io import write_json_atomic
 from bertforge.models.presets import PRESETS, get_preset
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
@@ -261,18 +262,8 @@ class BertConfig:
         return out
 
     def to_json_file(self, path: str | os.PathLike[str]) -> None:
-        """Write ``to_dict()`` as indented JSON, atomically (temp file + rename)."""
-        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never a partial one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+        """Write ``to_dict()`` as indented, key-sorted JSON, atomically (temp file + rename)."""
+        write_json_atomic(path, self.to_dict())
 
 
 def _reject_unknown(values: dict[str, Any], what: str) -> None:
@@ -302,4 +293,4 @@ def _check_hf_semantics(data: dict[str, Any]) -> None:
         )
 
 
-__all__ = ["ACTIVATIONS", "BertConfig", "write_text_atomic"]
+__all__ = ["ACTIVATIONS", "BertConfig"]

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import CheckpointError
+from bertforge.io import atomic_write
 from bertforge.models.config import BertConfig
 
 logger = logging.getLogger(__name__)
@@ -169,8 +170,7 @@ class BertPreTrainedModel(nn.Module):
                     f"{source}: entry {name!r} is a {type(tensor).__name__}, not a tensor; expected a flat "
                     "mapping of parameter names to tensors"
                 )
-            while name.startswith(_WRAPPER_PREFIXES):
-                name = name.split(".", 1)[1]
+            name = strip_wrapper_prefixes(name)
             if name.endswith("LayerNorm.gamma"):
                 name = name[: -len("gamma")] + "weight"
             elif name.endswith("LayerNorm.beta"):
@@ -268,13 +268,19 @@ class BertPreTrainedModel(nn.Module):
                     f"{config.do_lower_case}: a cased model needs a cased vocabulary and vice versa"
                 )
         tensors = {k: v.contiguous().cpu() for k, v in self.hf_state_dict().items()}
-        tmp = directory / f".model.safetensors.tmp-{os.getpid()}"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, directory / "model.safetensors")
+        atomic_write(directory / "model.safetensors",
+                     lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
         config.to_json_file(directory / "config.json")
         if tokenizer is not None:
             tokenizer.save(directory)
         return directory
+
+
+def strip_wrapper_prefixes(name: str) -> str:
+    """``name`` without the ``module.`` (DDP) / ``_orig_mod.`` (torch.compile) wrappers in front."""
+    while name.startswith(_WRAPPER_PREFIXES):
+        name = name.split(".", 1)[1]
+    return name
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], str]:

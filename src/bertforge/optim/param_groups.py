@@ -80,21 +80,21 @@ def build_optimizer(
     ``torch.optim.AdamW`` (fused kernel on CUDA, else torch's default) and does not clip: the train
     loop calls :func:`bertforge.optim.clip_grad_norm_` with ``max_grad_norm`` before stepping.
     """
+    # Only the name is checked here (it picks the class); each optimizer checks its own
+    # hyper-parameters in its constructor.
     if name not in OPTIMIZERS:
         raise ConfigError(f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     groups = param_groups(model, weight_decay)
-    if len(betas) != 2:
-        raise ConfigError(f"optim.betas needs two numbers, got {list(betas)}")
-    b1, b2 = float(betas[0]), float(betas[1])
+    betas = tuple(betas)
     if name == "lamb":
-        return Lamb(groups, lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay,
+        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                     max_grad_norm=max_grad_norm)
     params = [p for g in groups for p in g["params"]]
     on_cuda = all(p.is_cuda and p.dtype.is_floating_point for p in params)
     # Fused AdamW is one kernel for all tensors; elsewhere torch picks its best default.
-    extra = {"fused": True} if on_cuda else {}
-    return torch.optim.AdamW(groups, lr=lr, betas=(b1, b2), eps=eps,
-                             weight_decay=weight_decay, **extra)
+    fused = {"fused": True} if on_cuda else {}
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps,
+                             weight_decay=weight_decay, **fused)
 
 
 def needs_external_clipping(optimizer: torch.optim.Optimizer) -> bool:

@@ -33,7 +33,11 @@ SCHEDULES = ("poly", "linear", "constant")
 
 def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
                 schedule: str = "poly", power: float = 0.5) -> float:
-    """Learning rate of optimizer step ``step`` (1-based; step 0 is the value before training)."""
+    """Learning rate of optimizer step ``step`` (1-based; step 0 is the value before training).
+
+    A pure formula: the settings are checked once, when :func:`build_scheduler` builds the
+    scheduler, not at every step.
+    """
     progress = step / total_steps
     if progress < warmup:
         # Same operation order as NVIDIA's code, so the floats agree exactly.
@@ -44,7 +48,11 @@ def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
         return base_lr * max((1.0 - progress) / (1.0 - warmup), 0.0)
     if schedule == "constant":
         return base_lr
-    raise ConfigError(f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    raise _unknown_schedule(schedule)
+
+
+def _unknown_schedule(schedule: str) -> ConfigError:
+    return ConfigError(f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
 
 
 class WarmupDecayLR(LRScheduler):
@@ -72,8 +80,9 @@ class WarmupDecayLR(LRScheduler):
 
 
 def _validate(schedule: str, total_steps: int, warmup: float, power: float) -> None:
+    """The checks behind :func:`build_scheduler`; the values are not checked again per step."""
     if schedule not in SCHEDULES:
-        raise ConfigError(f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        raise _unknown_schedule(schedule)
     if int(total_steps) != total_steps or total_steps < 1:
         raise ConfigError(f"train.max_steps (the schedule length) must be an integer >= 1, "
                           f"got {total_steps}")

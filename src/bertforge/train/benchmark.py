@@ -8,7 +8,6 @@ number of predicted tokens (see ``flops.py``), so padding never inflates MFU.
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 import resource
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bertforge.io import write_json_atomic
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import bert_train_flops, peak_flops
 from bertforge.train.loop import LoopConfig, group_micro_batches, to_device, train_step
@@ -94,7 +94,8 @@ def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, l
     if info.is_main:
         out = Path(cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
+        # Insertion order is the reading order of the report, so keys are not sorted.
+        write_json_atomic(out / "benchmark.json", report, sort_keys=False)
         mfu = f"{report['mfu']:.1%}" if report["mfu"] is not None else "n/a (unknown peak)"
         print(f"benchmark: {report['sequences_per_s']:.1f} sequences/s, "
               f"{report['tokens_per_s']:.0f} tokens/s, {report['model_tflops_per_s']:.2f} "

@@ -8,7 +8,6 @@ Layout of ``{output_dir}/checkpoint-{step}/``::
         optimizer.pt            optimizer.state_dict()
         scheduler.pt            scheduler.state_dict()
         scaler.pt               GradScaler.state_dict() (only with fp16 loss scaling)
-        extra.pt                anything else the loop wants back (tensors and plain containers)
         config.json             the resolved run configuration
         rng_rank{r}.pt          every RNG of rank r (see bertforge.train.rng)
         data_rank{r}.json       data-loader position of rank r
@@ -45,6 +44,7 @@ import torch
 
 import bertforge
 from bertforge.errors import CheckpointError, ConfigError
+from bertforge.io import fsync_dir, fsync_file, write_text_atomic
 
 COMPLETE = "COMPLETE"
 TRAINING_STATE = "training_state"
@@ -57,34 +57,12 @@ FORMAT_VERSION = 1
 
 # --------------------------------------------------------------------------- durability helpers
 
-def _fsync_dir(path: Path) -> None:
-    """Persist a directory's entries (new names, renames). Not possible on Windows; skipped."""
-    if os.name == "nt":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     """fsync every file and directory under ``root`` (the files may come from any writer)."""
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _write_text_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+            fsync_file(os.path.join(dirpath, name))
+        fsync_dir(dirpath)
 
 
 def _remove_dir(path: Path) -> None:
@@ -126,13 +104,13 @@ class CheckpointManager:
         try:
             write_fn(tmp)
             _fsync_tree(tmp)
-            _write_text_synced(tmp / COMPLETE, json.dumps({"step": step}) + "\n")
-            _fsync_dir(tmp)
+            # Written atomically and synced with its directory entry.
+            write_text_atomic(tmp / COMPLETE, json.dumps({"step": step}) + "\n")
             if final.exists():
                 # rename() cannot replace a non-empty directory: move the old one aside first.
                 _remove_dir(final)
             os.replace(tmp, final)
-            _fsync_dir(self.output_dir)
+            fsync_dir(self.output_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -242,7 +220,6 @@ class TrainingState:
     data_state: dict[int, dict]          # rank -> data-loader state
     rng_states: dict[int, dict]          # rank -> bertforge.train.rng state
     config: dict
-    extra: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
 
 
@@ -264,7 +241,6 @@ def save_training_state(
     data_state: Mapping[int, dict],
     rng_states: Mapping[int, dict],
     config: Mapping[str, Any],
-    extra: Optional[Mapping[str, Any]] = None,
 ) -> Path:
     """Write ``directory/training_state/`` (layout in the module docstring) and return its path.
 
@@ -282,7 +258,6 @@ def save_training_state(
         torch.save(scheduler.state_dict(), out / "scheduler.pt")
     if scaler is not None and getattr(scaler, "is_enabled", lambda: True)():
         torch.save(scaler.state_dict(), out / "scaler.pt")
-    torch.save(dict(extra or {}), out / "extra.pt")
     for rank, state in rng_states.items():
         torch.save(state, out / f"rng_rank{rank}.pt")
     for rank, state in data_state.items():
@@ -331,7 +306,7 @@ def _load_json(path: Path) -> Any:
 def load_training_state(directory: str | os.PathLike, map_location: Any = "cpu") -> TrainingState:
     """Read what :func:`save_training_state` wrote into ``directory/training_state/``.
 
-    Optimizer, scheduler, scaler and extra tensors go to ``map_location``; RNG states always
+    Optimizer, scheduler and scaler tensors go to ``map_location``; RNG states always
     stay on the CPU (torch's generators take CPU byte tensors).
     """
     ts = Path(directory) / TRAINING_STATE
@@ -365,7 +340,6 @@ def load_training_state(directory: str | os.PathLike, map_location: Any = "cpu")
         data_state=data_state,
         rng_states=rng_states,
         config=_load_json(ts / "config.json") if (ts / "config.json").is_file() else {},
-        extra=optional_pt("extra.pt") or {},
         meta=meta,
     )
 

@@ -14,7 +14,8 @@ from typing import Any, Iterator
 
 from bertforge.config import PretrainConfig
 from bertforge.data import native
-from bertforge.data.loader import PretrainingLoader, open_pretraining_dataset
+from bertforge.data.loader import PretrainingLoader
+from bertforge.data.open import open_pretraining_dataset
 from bertforge.errors import ConfigError
 from bertforge.train.distributed import DistInfo
 
@@ -28,6 +29,8 @@ class PretrainData:
     has_pairs: bool
     vocab_size: int | None          # None for NVIDIA/Google hdf5 (no manifest): the model's own
     do_lower_case: bool | None
+    pad_id: int | None
+    max_seq_length: int | None
     tokenizer: Any                  # BertTokenizer saved with checkpoints, or None
 
     @property
@@ -37,7 +40,7 @@ class PretrainData:
     def validation_batches(self) -> Iterator[dict]:
         """The validation stream from its start (the same batches at every evaluation)."""
         assert self.validation is not None
-        self.validation.epoch, self.validation.batches_consumed = 0, 0
+        self.validation.rewind()
         return iter(self.validation)
 
 
@@ -60,7 +63,8 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
     path = Path(cfg.data.path)
     kw = _loader_kwargs(cfg, info)
     dataset, defaults = open_pretraining_dataset(path, split="train", overrides=kw)
-    if not hasattr(dataset, "lengths") or hasattr(dataset, "get_static"):
+    # get_static first: hdf5's `lengths` is lazy and decompresses every shard.
+    if hasattr(dataset, "get_static") or not hasattr(dataset, "lengths"):
         kw["bin_by_length"] = False  # static hdf5 shards are read in file order; no bins
     train = PretrainingLoader(dataset, **{**defaults, **kw,
                                           "global_batch_size": cfg.train.global_batch_size,
@@ -89,4 +93,5 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
         train=train, validation=validation,
         has_pairs=manifest.get("objective", "nsp") in ("nsp", "sop"),
         vocab_size=manifest.get("vocab_size"), do_lower_case=manifest.get("do_lower_case"),
-        tokenizer=tokenizer)
+        pad_id=manifest.get("special_ids", {}).get("pad"),
+        max_seq_length=manifest.get("max_seq_length"), tokenizer=tokenizer)
