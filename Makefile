@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) -m bertforge.demo --workdir build/demo
+	$(VENV)/bin/bertforge demo --workdir build/demo
 
 test: install
 	$(PY) -m pytest -q tests

@@ -17,6 +17,13 @@ from bertforge.errors import UserError
 Handler = Callable[[argparse.Namespace, list], int]
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
+    return value
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Show every option's default and keep the hand-written layout of epilogs."""
 
@@ -25,6 +32,8 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help="Files, directories (read recursively) or globs; .gz/.bz2/.xz are read "
                         "transparently.")
+    p.add_argument("--text-field", default="text",
+                   help="JSON Lines only: the field holding each document's text.")
     p.add_argument("--input-format", default="auto",
                    choices=["auto", "sentences", "paragraphs", "jsonl", "wiki"],
                    help="auto: by extension (.txt/.md: a blank line ends a document and each line "
@@ -40,7 +49,7 @@ def _vocab(args: argparse.Namespace, extra: list) -> int:
 
     report = train_wordpiece(args.input, vocab_size=args.vocab_size, output=Path(args.output),
                              lowercase=not args.cased, min_frequency=args.min_frequency,
-                             input_format=args.input_format)
+                             input_format=args.input_format, text_field=args.text_field)
     print(report.summary())
     return 0
 
@@ -55,6 +64,7 @@ def _prepare(args: argparse.Namespace, extra: list) -> int:
         objective=args.objective, whole_word_masking=args.whole_word_masking,
         dupe_factor=args.dupe_factor, validation_fraction=args.validation_fraction,
         workers=args.workers, seed=args.seed, fmt=args.format, input_format=args.input_format,
+        text_field=args.text_field,
         overwrite=args.overwrite)
     print(report.summary())
     return 0
@@ -99,7 +109,7 @@ def _plan(args: argparse.Namespace, extra: list) -> int:
 def _demo(args: argparse.Namespace, extra: list) -> int:
     from bertforge.demo import run_demo
 
-    run_demo(Path(args.workdir))
+    run_demo(Path(args.workdir), steps=args.steps)
     return 0
 
 
@@ -120,18 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("vocab", _vocab, "Train a WordPiece vocabulary (vocab.txt + tokenizer.json).")
     _add_input_args(p)
-    p.add_argument("--vocab-size", type=int, default=30522, help="Target vocabulary size.")
+    p.add_argument("--vocab-size", type=_positive_int, default=30522, help="Target vocabulary size.")
     p.add_argument("--output", required=True, help="vocab.txt to write (tokenizer.json goes beside it).")
     p.add_argument("--cased", action="store_true",
                    help="Keep case and accents (default: lower-case and strip accents, as BERT uncased).")
-    p.add_argument("--min-frequency", type=int, default=2, help="Minimum count of a merged piece.")
+    p.add_argument("--min-frequency", type=_positive_int, default=2, help="Minimum count of a merged piece.")
 
     p = add("prepare", _prepare, "Turn a corpus into pretraining data (sentence pairs, shards).")
     _add_input_args(p)
     p.add_argument("--vocab", required=True, help="vocab.txt, tokenizer.json or a model directory.")
     p.add_argument("--output", required=True, help="Output directory.")
-    p.add_argument("--max-seq-length", type=int, default=128, help="Tokens per sequence.")
-    p.add_argument("--max-predictions", type=int, default=20,
+    p.add_argument("--max-seq-length", type=_positive_int, default=128, help="Tokens per sequence.")
+    p.add_argument("--max-predictions", type=_positive_int, default=20,
                    help="Masked tokens per sequence at most (stored for the loader; used by hdf5).")
     p.add_argument("--masked-lm-prob", type=float, default=0.15, help="Fraction of tokens masked.")
     p.add_argument("--short-seq-prob", type=float, default=0.1,
@@ -139,11 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=["nsp", "sop", "none"], default="nsp",
                    help="Sentence-pair task: next-sentence, sentence-order, or none (packed text).")
     p.add_argument("--whole-word-masking", action="store_true", help="Mask whole words only.")
-    p.add_argument("--dupe-factor", type=int, default=5,
+    p.add_argument("--dupe-factor", type=_positive_int, default=5,
                    help="hdf5 only: copies of the data with different static masks.")
     p.add_argument("--validation-fraction", type=float, default=0.01,
                    help="Fraction of documents held out for validation.")
-    p.add_argument("--workers", type=int, default=1, help="Worker processes.")
+    p.add_argument("--workers", type=_positive_int, default=1, help="Worker processes.")
     p.add_argument("--seed", type=int, default=12345, help="Seed (output is identical for a seed).")
     p.add_argument("--format", choices=["native", "hdf5"], default="native",
                    help="native: token ids, masks drawn at load time; hdf5: NVIDIA/Google static masks.")
@@ -152,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("inspect", _inspect, "Show a prepared dataset's manifest and a few decoded instances.")
     p.add_argument("path", help="A `prepare` output directory, or hdf5 file(s)/directory.")
-    p.add_argument("--num", type=int, default=3, help="Instances to show.")
+    p.add_argument("--num", type=_positive_int, default=3, help="Instances to show.")
     p.add_argument("--seed", type=int, default=0, help="Which instances / masks to draw.")
 
     p = add("convert", _convert, "Convert an NVIDIA DeepLearningExamples BERT checkpoint to "
@@ -176,15 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("plan", _plan, "Propose micro-batch size and accumulation for a GPU setup.")
     p.add_argument("--model", default="bert-large-uncased", help="Preset name or config.json.")
-    p.add_argument("--seq-len", type=int, default=128, help="Sequence length.")
-    p.add_argument("--gpus", type=int, default=8, help="Total GPUs (all nodes).")
+    p.add_argument("--seq-len", type=_positive_int, default=128, help="Sequence length.")
+    p.add_argument("--gpus", type=_positive_int, default=8, help="Total GPUs (all nodes).")
     p.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU.")
-    p.add_argument("--global-batch-size", type=int, default=65536, help="Target global batch.")
+    p.add_argument("--global-batch-size", type=_positive_int, default=65536, help="Target global batch.")
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16",
                    help="Training precision.")
 
     p = add("demo", _demo, "Run the end-to-end demo on the bundled sample corpus.")
     p.add_argument("--workdir", default="build/demo", help="Where the demo writes its files.")
+    p.add_argument("--steps", type=_positive_int, default=300, help="Pretraining steps.")
     return parser
 
 
@@ -201,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # permissions, a full disk, a vanished file: not a bug of ours
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,4 +1,4 @@
-"""``make demo``: the whole journey on the bundled sample corpus, on a CPU, in a few minutes.
+"""``bertforge demo`` (``make demo``): the whole journey on the bundled sample corpus, on a CPU, in a few minutes.
 
 corpus (Python standard-library docstrings) -> WordPiece vocab -> prepared shards -> a tiny BERT
 pretrained with LAMB -> checkpoint reloaded by bertforge (and by Hugging Face transformers when
@@ -7,8 +7,6 @@ installed) -> masked-word predictions. Each stage is the same public function th
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -114,20 +112,3 @@ def _check_transformers(ckpt: Path, model, tokenizer) -> str:
     diff = (ours - theirs).abs().max().item()
     return (f"transformers {transformers.__version__} loaded {ckpt.name}: "
             f"max |logit difference| = {diff:.2e}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workdir", default="build/demo", help="Where the demo writes its files.")
-    parser.add_argument("--steps", type=int, default=300, help="Pretraining steps.")
-    args = parser.parse_args(argv)
-    try:
-        run_demo(Path(args.workdir), steps=args.steps)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -164,3 +164,21 @@ def test_data_errors_name_the_problem(tmp_path: Path, tiny_config) -> None:
     with pytest.raises(DataError, match=r"fewer samples than one global batch of 64"):
         pretrain(tiny_config(tmp_path, "--train.global_batch_size=64",
                              "--train.micro_batch_size=32", "--data.bin_by_length=false"))
+
+
+def test_model_follows_the_data_and_refuses_short_positions(tmp_path: Path, tiny,
+                                                            tiny_config) -> None:
+    data = open_pretrain_data(tiny_config(tmp_path), ONE_PROCESS)
+    model = pretrain_module.build_model(tiny_config(tmp_path, "--model=bert-tiny"), data, None)
+    manifest = json.loads((Path(tiny.data) / "manifest.json").read_text())
+    assert model.config.vocab_size == manifest["vocab_size"]
+    assert model.config.pad_token_id == manifest["special_ids"]["pad"]
+    assert model.config.do_lower_case == manifest["do_lower_case"]
+
+    short = tmp_path / "short.json"   # the tiny data has sequences of 32 tokens
+    short.write_text(json.dumps({"hidden_size": 32, "num_hidden_layers": 1,
+                                 "num_attention_heads": 2, "intermediate_size": 64,
+                                 "max_position_embeddings": 16}))
+    with pytest.raises(ConfigError, match=r"sequences of up to 32 tokens but the model has 16 "
+                                          r"positions; prepare with --max-seq-length 16"):
+        pretrain_module.build_model(tiny_config(tmp_path, f"--model={short}"), data, None)

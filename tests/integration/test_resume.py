@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,9 +21,13 @@ import torch
 
 import bertforge.train.loop as loop
 import bertforge.train.pretrain as pretrain_module
-from bertforge.errors import CheckpointError
+from bertforge.errors import CheckpointError, ConfigError
 from bertforge.optim import schedule_lr
+from bertforge.train.checkpoint import load_training_state
+from bertforge.train.distributed import DistInfo
 from bertforge.train.pretrain import pretrain
+
+ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 STEPS = 6       # 2k steps straight; the stopped run halts after k = 3
 LR, WARMUP = 1e-2, 0.05  # the debug recipe's optimizer settings
@@ -135,11 +140,48 @@ def test_resume_from_a_checkpoint_path_into_a_new_directory(tmp_path: Path, tiny
     assert run_metrics(tmp_path / "b") == [r for r in run_metrics(tmp_path / "a") if r["step"] > 3]
 
 
-def test_resume_refuses_a_different_global_batch(tmp_path: Path, tiny_config) -> None:
+def test_resume_refuses_run_defining_changes(tmp_path: Path, tiny_config) -> None:
     pretrain(tiny_config(tmp_path, "--train.max_steps=2"))
+    # A restored schedule for 2 steps would run steps 3..4 at lr 0: refused, naming each key.
+    with pytest.raises(ConfigError, match=r"train.max_steps: 2 in the checkpoint, 4 now.*"
+                                          r"init_from="):
+        pretrain(tiny_config(tmp_path, "--train.max_steps=4"))
+    with pytest.raises(ConfigError, match=r"train.global_batch_size: 8 in the checkpoint, 16 now; "
+                                          r"train.max_steps: 2 in the checkpoint, 4 now"):
+        pretrain(tiny_config(tmp_path, "--train.max_steps=4", "--train.global_batch_size=16"))
+    with pytest.raises(ConfigError, match=r"optim.lr: 0.01 in the checkpoint, 0.02 now"):
+        pretrain(tiny_config(tmp_path, "--train.max_steps=2", "--optim.lr=0.02"))
+
+
+def test_loader_refuses_a_foreign_global_batch(tmp_path: Path, tiny_config) -> None:
+    """The loader's own guard, for callers that restore its state without the config check."""
+    first = pretrain(tiny_config(tmp_path / "a", "--train.max_steps=2"))
+    state = load_training_state(first.final_checkpoint)
+    loader = pretrain_module.open_pretrain_data(
+        tiny_config(tmp_path / "b", "--train.global_batch_size=16"), ONE_PROCESS).train
     with pytest.raises(CheckpointError, match=r"global_batch_size=8, but this run uses 16.*keep "
                                               r"the global batch size"):
-        pretrain(tiny_config(tmp_path, "--train.global_batch_size=16"))
+        loader.load_state_dict(state.data_state[0])
+
+
+def test_fresh_run_refuses_a_directory_with_newer_checkpoints(tmp_path: Path, tiny_config) -> None:
+    pretrain(tiny_config(tmp_path, "--train.max_steps=4", "--checkpoint.every=2"))
+    with pytest.raises(ConfigError, match=r"already holds checkpoint-4, ahead of this run's start "
+                                          r"\(step 0\).*new output_dir"):
+        pretrain(tiny_config(tmp_path, "--train.max_steps=4", "--resume=none"))
+
+
+def test_metrics_after_the_checkpoint_are_rewritten_on_resume(tmp_path: Path, tiny_config,
+                                                              run_metrics) -> None:
+    pretrain(tiny_config(tmp_path, "--train.max_steps=4", "--checkpoint.every=2",
+                         "--train.log_every=1", "--train.eval_batches=0"))
+    reference = run_metrics(tmp_path)
+    # Simulate a crash after step 4's metrics but before its checkpoint: drop checkpoint-4.
+    shutil.rmtree(tmp_path / "checkpoint-4")
+    pretrain(tiny_config(tmp_path, "--train.max_steps=4", "--checkpoint.every=2",
+                         "--train.log_every=1", "--train.eval_batches=0"))
+    assert [r["step"] for r in run_metrics(tmp_path)] == [1, 2, 3, 4]
+    assert run_metrics(tmp_path) == reference
 
 
 def wait_for_first_metrics(proc: subprocess.Popen, metrics: Path, timeout: float) -> None:

@@ -41,7 +41,7 @@ def test_pretrain_help_lists_the_config_keys(capsys: pytest.CaptureFixture) -> N
     with pytest.raises(SystemExit):
         main(["pretrain", "--help"])
     out = capsys.readouterr().out
-    for key in ("--train.max_steps=1000", "--optim.lr=0.006", "--data.path=''", "--resume='auto'"):
+    for key in ("--train.max_steps=1000", "--optim.lr=0.006", "--data.path=None", "--resume='auto'"):
         assert key in out
 
 
@@ -94,3 +94,22 @@ def test_plan_prints_a_proposal(capsys: pytest.CaptureFixture) -> None:
                  "--global-batch-size", "65536", "--seq-len", "128"]) == 0
     out = capsys.readouterr().out
     assert "global batch 65536 = micro-batch" in out and "--train.micro_batch_size=" in out
+
+
+@pytest.mark.parametrize("args", [["inspect", "data", "--num", "-1"],
+                                  ["vocab", "--input", "x", "--output", "v.txt", "--vocab-size", "0"],
+                                  ["plan", "--gpus", "0"]])
+def test_counts_must_be_positive(args: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    assert "must be a whole number >= 1" in capsys.readouterr().err
+
+
+def test_os_errors_are_one_line(capsys: pytest.CaptureFixture) -> None:
+    # /proc refuses new directories even to root: an OSError from the system, not a bug.
+    code = main(["vocab", "--input", str(ROOT / "tests" / "assets" / "tiny_corpus.txt"),
+                 "--output", "/proc/bertforge-no/vocab.txt", "--vocab-size", "100"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip() and "%|" not in ln]
+    assert code == 1 and len(err) == 1 and err[0].startswith("error: ")
+    assert "/proc/bertforge-no" in err[0] and "Traceback" not in err[0]

@@ -3,7 +3,10 @@
 ``train_step`` does forward, loss, backward over the accumulation micro-batches (DDP all-reduce
 only on the last), unscale, non-finite guard, clip, optimizer and scheduler step.
 ``Trainer.fit`` reads top to bottom: loop -> step -> log / evaluate / checkpoint / preempt.
-Host-device syncs happen once per optimizer step (the non-finite guard) and at log intervals.
+Host-device syncs: the loop itself reads one scalar per optimizer step (the non-finite guard),
+agrees on preemption with one tiny all-reduce per step under DDP, and reads metrics only at log
+intervals. The model adds per micro-batch: the padding check that lets unpadded batches use fused
+attention, and the masked-position selection of the MLM head (its size depends on the data).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
         grad_norm = clip_grad_norm_(params, clip_norm)
     else:
         grad_norm = global_grad_norm([p.grad for p in params if p.grad is not None])
-    finite = bool(torch.isfinite(grad_norm))  # the one sync per step: never step on inf/nan
+    finite = bool(torch.isfinite(grad_norm))  # the loop's one sync per step: never step on inf/nan
     if precision.scaler is not None:
         # The scaler re-checks for inf (found during unscale_) and skips the step itself.
         precision.scaler.step(optimizer)
@@ -208,7 +211,7 @@ class Trainer:
         return result
 
     def _reduce(self, window: dict[str, torch.Tensor], n: int) -> dict[str, float]:
-        """Mean over the window's steps and over ranks; the only other sync point."""
+        """Mean over the window's steps and over ranks (a sync, at log intervals only)."""
         names = sorted(window)
         vec = torch.stack([torch.as_tensor(window[k], device=self.dist.device).float()
                            for k in names]) / n

@@ -22,8 +22,9 @@ from bertforge.errors import ConfigError
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.optim.param_groups import needs_external_clipping
 from bertforge.train import benchmark as bench
-from bertforge.train.checkpoint import (CheckpointManager, gather_to_rank0, load_training_state,
-                                        resolve_resume, save_training_state)
+from bertforge.train.checkpoint import (CheckpointManager, checkpoint_step, gather_to_rank0,
+                                        load_training_state, resolve_resume,
+                                        save_training_state)
 from bertforge.train.data import PretrainData, open_pretrain_data
 from bertforge.train.distributed import (DistInfo, all_reduce_sum, barrier, cleanup,
                                          init_distributed, wrap_ddp)
@@ -86,34 +87,80 @@ class PretrainResult:
     validation: dict = field(default_factory=dict)
 
 
-def build_model(cfg: PretrainConfig, data: PretrainData) -> nn.Module:
+def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | None) -> nn.Module:
+    """The checkpoint being resumed, else ``init_from`` weights, else a fresh model.
+
+    A fresh model takes vocabulary size, casing and [PAD] id from the prepared data.
+    """
     from bertforge.models import BertConfig, BertForMaskedLM, BertForPreTraining
 
     cls = BertForPreTraining if data.has_pairs else BertForMaskedLM
-    if cfg.init_from:
-        model = cls.from_pretrained(cfg.init_from)
+    source = resume_from or cfg.init_from
+    if source:
+        model = cls.from_pretrained(source)
         if data.vocab_size and model.config.vocab_size != data.vocab_size:
             raise ConfigError(
-                f"init_from {cfg.init_from} has vocab_size {model.config.vocab_size} but the data "
-                f"at {cfg.data.path} was prepared with {data.vocab_size} tokens; prepare the data "
+                f"{source} has vocab_size {model.config.vocab_size} but the data at "
+                f"{cfg.data.path} was prepared with {data.vocab_size} tokens; prepare the data "
                 f"with the model's vocab")
-        return model
-    overrides: dict[str, Any] = {}
-    if data.vocab_size:
-        overrides["vocab_size"] = data.vocab_size
-    if data.do_lower_case is not None:
-        overrides["do_lower_case"] = data.do_lower_case
-    model_cfg = BertConfig.load(cfg.model)
-    for key, value in overrides.items():
-        setattr(model_cfg, key, value)
-    torch.manual_seed(cfg.train.seed)
-    return cls(model_cfg)
+    else:
+        overrides: dict[str, Any] = {}
+        if data.vocab_size:
+            overrides["vocab_size"] = data.vocab_size
+        if data.do_lower_case is not None:
+            overrides["do_lower_case"] = data.do_lower_case
+        if data.pad_id is not None:
+            overrides["pad_token_id"] = data.pad_id
+        torch.manual_seed(cfg.train.seed)
+        model = cls(BertConfig.load(cfg.model).replace(**overrides))
+    positions = model.config.max_position_embeddings
+    if data.max_seq_length and data.max_seq_length > positions:
+        raise ConfigError(
+            f"the data at {cfg.data.path} has sequences of up to {data.max_seq_length} tokens but "
+            f"the model has {positions} positions; prepare with --max-seq-length {positions} or "
+            f"use a model with more positions")
+    return model
+
+
+# Settings that define a run's trajectory: resuming with other values would silently train
+# something else (e.g. a schedule restored for the old max_steps), so they must match.
+_RUN_DEFINING = ("model", "train.max_steps", "train.global_batch_size", "train.seed", "optim",
+                 "precision", "phase", "data.masked_lm_prob", "data.max_predictions",
+                 "data.whole_word_masking", "data.bin_by_length")
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def check_resume_compatible(saved: dict, cfg: PretrainConfig, source: Path) -> None:
+    """ConfigError listing every run-defining setting that differs from the checkpoint's."""
+    old = _flat(json.loads(json.dumps(saved, default=str)))
+    new = _flat(json.loads(json.dumps(to_dict(cfg), default=str)))
+    diffs = [f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
+             for k in sorted(set(old) | set(new))
+             if k.startswith(_RUN_DEFINING) and old.get(k) != new.get(k)]
+    if diffs:
+        raise ConfigError(
+            f"cannot resume from {source} with different settings ({'; '.join(diffs)}). Resume "
+            f"with the checkpoint's settings, or start a new run (a new output_dir, or "
+            f"resume=none) with init_from={source} to keep only its weights")
 
 
 def pretrain(cfg: PretrainConfig, benchmark: bool = False) -> PretrainResult | dict:
     info = init_distributed()
     try:
-        return _pretrain(cfg, info, benchmark)
+        result = _pretrain(cfg, info, benchmark)
+        # Leave together: a rank that tears down its process group while rank 0 still writes
+        # the summary and plot can abort inside gloo at exit.
+        barrier()
+        return result
     finally:
         cleanup()
 
@@ -123,9 +170,7 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
     data = open_pretrain_data(cfg, info)
     manager = CheckpointManager(out, keep=cfg.checkpoint.keep)
     resume_from = None if benchmark else resolve_resume(cfg.resume, out)
-    model = build_model(cfg, data)
-    if resume_from is not None:
-        model = type(model).from_pretrained(resume_from)
+    model = build_model(cfg, data, resume_from)
     if cfg.train.gradient_checkpointing:
         model.bert.encoder.gradient_checkpointing = True
     model.to(info.device)
@@ -140,6 +185,7 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
     start_step = 0
     if resume_from is not None:
         state = load_training_state(resume_from, map_location=info.device)
+        check_resume_compatible(state.config, cfg, resume_from)
         optimizer.load_state_dict(state.optimizer)
         scheduler.load_state_dict(state.scheduler)
         if precision.scaler is not None and state.scaler:
@@ -148,6 +194,11 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
         # not have (the world grew) can take rank 0's position.
         data.train.load_state_dict(state.data_state.get(info.rank, state.data_state.get(0, {})))
         start_step = state.step
+    newest = None if benchmark else manager.latest()
+    if newest is not None and checkpoint_step(newest) > start_step:
+        raise ConfigError(
+            f"{out} already holds {newest.name}, ahead of this run's start (step {start_step}); "
+            f"continue that run with resume=auto, or write this one to a new output_dir")
     wrapped: nn.Module = torch.compile(model) if cfg.train.compile else model
     wrapped = wrap_ddp(wrapped, info)
     loop_cfg = LoopConfig(
@@ -168,6 +219,8 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
     if resume_from is not None:
         logger.write(f"resumed from {resume_from} at step {start_step}")
 
+    saved: list[Path] = []  # paths of this run's checkpoints, newest last
+
     def save_checkpoint(step: int) -> None:
         data_states = gather_to_rank0(data.train.state_dict())
         rng_states = gather_to_rank0(capture_rng_state())
@@ -178,8 +231,8 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
                     tmp, optimizer=optimizer, scheduler=scheduler,
                     scaler=precision.scaler, step=step, phase=cfg.phase, data_state=data_states,
                     rng_states=rng_states, config=to_dict(cfg))
-            path = manager.save(step, write)
-            logger.write(f"saved {path}")
+            saved.append(manager.save(step, write))
+            logger.write(f"saved {saved[-1]}")
         barrier()
 
     last_eval: dict[int, dict] = {}  # step -> metrics of the latest evaluation
@@ -210,7 +263,7 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
         if not logged:
             logger.log(result.step, validation)
     logger.close()
-    final = manager.latest()
+    final = saved[-1] if saved else manager.latest()
     if info.is_main:
         png = plot_loss_curve(out / "metrics.jsonl", out / "loss_curve.png")
         print(_summary(cfg, result, validation, elapsed, start_step, final, png))
@@ -242,8 +295,3 @@ def _summary(cfg: PretrainConfig, result, validation: dict, elapsed: float, star
     if png:
         lines.append(f"  loss curve   {png}")
     return "\n".join(lines)
-
-
-def write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2) + "\n")

@@ -1,6 +1,7 @@
 """What a run tells its user: progress bar, JSON-lines metrics, TensorBoard, loss-curve PNG.
 
-Only rank 0 writes. Metrics lines are appended, so a resumed run continues the same file.
+Only rank 0 writes. A resumed run continues the same metrics file
+(and TensorBoard log) from its starting step; lines beyond it are dropped.
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ class RunLogger:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a")
+        # Lines past the starting step come from a run that died after its last checkpoint (or
+        # from an earlier run in this directory): the resumed run rewrites them.
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= start_step]
+        self._file = self.path.open("w")
+        for record in kept:
+            self._file.write(json.dumps(record) + "\n")
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
                          dynamic_ncols=True)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+                self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"),
+                                         purge_step=start_step + 1)
             except ImportError:
                 log.warning("tensorboard is not installed; metrics go to %s only", self.path)
 
