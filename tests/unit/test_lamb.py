@@ -235,3 +235,17 @@ def test_clip_grad_norm_and_mixed_dtype_global_norm():
     mixed = [grads[0], grads[1].half(), grads[2].bfloat16()]            # 300^2 * 50 overflows fp16
     exact = np.sqrt(sum(float((g.double() ** 2).sum()) for g in mixed))
     assert global_grad_norm(mixed).item() == pytest.approx(exact, rel=1e-6)
+
+
+def test_given_grad_norm_equals_the_computed_one() -> None:
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(3))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    for p, q in zip(a, b):
+        p.grad = torch.randn_like(p) * 3
+        q.grad = p.grad.clone()
+    opt_a, opt_b = Lamb(a, lr=0.1, max_grad_norm=1.0), Lamb(b, lr=0.1, max_grad_norm=1.0)
+    opt_a.step()
+    opt_b.step(grad_norm=global_grad_norm([q.grad for q in b]))
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)

@@ -136,8 +136,13 @@ class Lamb(torch.optim.Optimizer):
                 state["step"] = state["step"].detach().to("cpu", torch.float32)
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        """Apply one LAMB update to every parameter that has a gradient."""
+    def step(self, closure: Optional[Callable[[], float]] = None,
+             grad_norm: Optional[Tensor] = None) -> Optional[float]:
+        """Apply one LAMB update to every parameter that has a gradient.
+
+        ``grad_norm``: the global L2 norm of the current gradients when the caller has already
+        computed it (the train loop does, to skip non-finite steps), saving a pass over them.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -156,7 +161,7 @@ class Lamb(torch.optim.Optimizer):
             return loss
 
         # The norm is global over all groups (decay and no-decay alike), like FusedLAMB's.
-        norm = global_grad_norm(all_grads)
+        norm = global_grad_norm(all_grads) if grad_norm is None else grad_norm
         self.last_grad_norm = norm
         clip = _clip_factor(norm, self.max_grad_norm) if self.max_grad_norm > 0 else None
 

@@ -70,12 +70,14 @@ def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
     else:
         grad_norm = global_grad_norm([p.grad for p in params if p.grad is not None])
     finite = bool(torch.isfinite(grad_norm))  # the loop's one sync per step: never step on inf/nan
+    # LAMB needs the same global norm for its clipping: hand it over instead of recomputing it.
+    kwargs = {"grad_norm": grad_norm} if getattr(optimizer, "clips_gradients", False) else {}
     if precision.scaler is not None:
         # The scaler re-checks for inf (found during unscale_) and skips the step itself.
-        precision.scaler.step(optimizer)
+        precision.scaler.step(optimizer, **kwargs)
         precision.scaler.update()
     elif finite:
-        optimizer.step()
+        optimizer.step(**kwargs)
     with warnings.catch_warnings():
         # A skipped first step (fp16 overflow) makes torch warn that the scheduler stepped before
         # the optimizer; advancing anyway is intended: the step's data was consumed.
