@@ -76,7 +76,8 @@ def run_demo(workdir: Path, steps: int = 300) -> dict:
     first, last = history[0]["loss"], history[-1]["loss"]
     print(f"loss {first:.3f} -> {last:.3f}")
 
-    _stage("5. reload the checkpoint and fill in masked words")
+    _stage("5. reload the checkpoint and fill in masked words "
+           "(a 2-layer model after a minute of CPU: expect mostly frequent words)")
     ckpt = result.final_checkpoint
     model = BertForPreTraining.from_pretrained(ckpt)
     tokenizer = BertTokenizer.from_pretrained(ckpt)
@@ -90,7 +91,8 @@ def run_demo(workdir: Path, steps: int = 300) -> dict:
         "corpus_mb": round(corpus.stat().st_size / 1e6, 2), "vocab": str(vocab),
         "data": str(data), "checkpoint": str(ckpt), "steps": result.step,
         "loss_first": round(first, 4), "loss_last": round(last, 4),
-        "validation": result.validation, "transformers": hf_status,
+        "validation": ", ".join(f"{k} {v:.4f}" for k, v in result.validation.items()) or "none",
+        "transformers": hf_status,
         "minutes": round((time.perf_counter() - t0) / 60, 1),
     }
     for key, value in summary.items():
