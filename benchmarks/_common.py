@@ -153,3 +153,14 @@ class TreeMemory:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def run_cli(main: Any) -> None:
+    """Run a benchmark's ``main``; a mistake in the command line is one line and status 2."""
+    from bertforge.errors import UserError
+
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

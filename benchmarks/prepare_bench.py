@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TreeMemory, metadata, result_path, write_result  # noqa: E402
+from _common import TreeMemory, metadata, result_path, run_cli, write_result  # noqa: E402
 
 PIPELINES = ("bertforge", "hf")
 FILE_BYTES = 8_000_000  # corpus files of ~8 MB, as a user's corpus split into parts would be
@@ -351,10 +351,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bertforge.errors import UserError
-
-    try:
-        main()
-    except UserError as e:  # a mistake in the command line: one line, no traceback, status 2
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

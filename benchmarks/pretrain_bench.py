@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import metadata, result_path, spread, write_result  # noqa: E402
+from _common import metadata, result_path, run_cli, spread, write_result  # noqa: E402
 
 VARIANTS = ("bertforge", "hf", "bertforge-dense-mlm", "bertforge-lamb")
 
@@ -372,10 +372,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bertforge.errors import UserError
-
-    try:
-        main()
-    except UserError as e:  # a mistake in the command line: one line, no traceback, status 2
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

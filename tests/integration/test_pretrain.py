@@ -182,3 +182,14 @@ def test_model_follows_the_data_and_refuses_short_positions(tmp_path: Path, tiny
     with pytest.raises(ConfigError, match=r"sequences of up to 32 tokens but the model has 16 "
                                           r"positions; prepare with --max-seq-length 16"):
         pretrain_module.build_model(tiny_config(tmp_path, f"--model={short}"), data, None)
+
+
+def test_tensorboard_events_are_written(tmp_path: Path, tiny_config) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    pretrain(tiny_config(tmp_path, "--train.max_steps=4", "--train.log_every=2",
+                         "--tensorboard=true"))
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [2, 4]
+    assert {"mlm_loss", "lr", "grad_norm", "val_loss"} <= set(events.Tags()["scalars"])
