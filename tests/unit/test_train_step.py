@@ -226,11 +226,12 @@ class Recorder:
     """Hooks that keep every logged line and a copy of the weights at every checkpoint."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.model, self.lines, self.saved = model, [], {}
+        self.model, self.lines, self.saved, self.skips = model, [], {}, []
 
     def hooks(self) -> Hooks:
         return Hooks(log=lambda step, m: self.lines.append({"step": step, **m}),
-                     checkpoint=lambda step: self.saved.__setitem__(step, snapshot(self.model)))
+                     checkpoint=lambda step: self.saved.__setitem__(step, snapshot(self.model)),
+                     on_skip=lambda step, why: self.skips.append((step, why)))
 
 
 def fit(model, loss_fn, batches, *, steps: int, log_every: int, precision: str = "fp32",
@@ -258,6 +259,7 @@ def test_nan_step_never_reaches_a_checkpoint(name: str) -> None:
     assert same(rec.saved[3], rec.saved[2])                  # the NaN step changed nothing
     assert not same(rec.saved[4], rec.saved[3])              # and training went on
     assert [r["skipped_steps"] for r in rec.lines] == [0, 0, 1, 1]
+    assert rec.skips == [(3, "non-finite gradients, weights not updated")]  # each skip is reported
     assert math.isnan(rec.lines[2]["grad_norm"]) and math.isfinite(rec.lines[3]["grad_norm"])
 
 

@@ -126,6 +126,7 @@ class Hooks:
     checkpoint: Callable[[int], None]                  # save a checkpoint at this step
     evaluate: Callable[[int], dict] | None = None      # validation metrics at this step
     on_step: Callable[[int], None] = lambda step: None  # progress bar etc.
+    on_skip: Callable[[int, str], None] = lambda step, why: None  # a step that left the weights
 
 
 @dataclass
@@ -175,6 +176,10 @@ class Trainer:
                                  self.precision, self.params, cfg.clip_norm)
                 step += 1
                 skipped += out.skipped
+                if out.skipped:
+                    scale = self.precision.scaler
+                    self.hooks.on_skip(step, "non-finite gradients, weights not updated" + (
+                        f"; loss scale now {scale.get_scale():g}" if scale is not None else ""))
                 for name, value in {**out.stats, "grad_norm": out.grad_norm}.items():
                     window[name] = window.get(name, 0.0) + value
                 window_steps += 1

@@ -245,7 +245,8 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
         return last_eval[step]
 
     hooks = Hooks(log=logger.log, checkpoint=save_checkpoint,
-                  evaluate=run_eval if data.has_validation else None, on_step=logger.advance)
+                  evaluate=run_eval if data.has_validation else None, on_step=logger.advance,
+                  on_skip=lambda step, why: logger.write(f"step {step} skipped: {why}"))
     trainer = Trainer(wrapped, optimizer, scheduler, precision, pretraining_loss, info, loop_cfg,
                       hooks)
     if resume_from is not None and info.rank in state.rng_states:
