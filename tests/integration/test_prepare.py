@@ -196,7 +196,7 @@ def test_a_dead_worker_pool_is_a_user_error(corpus: dict, tmp_path: Path,
         def shutdown(self, **kwargs) -> None:
             pass
 
-    monkeypatch.setattr(prep, "_pool", lambda workers, job: DeadPool())
+    monkeypatch.setattr(prep, "_pool", lambda workers, job, tokenizer: DeadPool())
     with pytest.raises(DataError, match=r"worker process died \(often: out of memory\) while "
                                         r"writing .*out; run the same command again with fewer "
                                         r"--workers, finished shards are kept"):

@@ -24,11 +24,11 @@ from typing import Any
 import h5py
 import numpy as np
 
+from bertforge.data.loader import IGNORE_INDEX
 from bertforge.data.masking import mask_tokens
 from bertforge.errors import ConfigError, DataError
 from bertforge.io import atomic_write
 
-IGNORE_INDEX = -100
 
 # name -> (dtype, rank); the dtypes NVIDIA's writer uses, so its loader reads our files as-is.
 SCHEMA: dict[str, tuple[str, int]] = {

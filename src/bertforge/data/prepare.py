@@ -3,8 +3,8 @@
 The main process only reads documents (cheap I/O) and groups them, in input order, into chunks
 of at most ``docs_per_shard`` documents or ``chunk_bytes`` of text, so chunk boundaries depend
 only on the input. Each chunk becomes one shard per split, built by a worker
-(:mod:`bertforge.data.prepare_worker`) with RNGs seeded by ``(seed, chunk index)``: segmentation, tokenization, validation assignment, instance creation and
-the shard write. Hence the output is identical byte for byte whatever the worker count, and a
+(:mod:`bertforge.data.prepare_worker`) with RNGs seeded by ``(seed, chunk index)``:
+segmentation, tokenization, validation assignment, instance creation and the shard write. Hence the output is identical byte for byte whatever the worker count, and a
 re-run skips the chunks whose shards exist (resume). ``manifest.json`` is written last.
 """
 
@@ -156,7 +156,7 @@ def prepare(
     results: list[dict[str, Any]] = []
     resumed = 0
     bar = _progress_bar(input_bytes, progress)
-    pool = _pool(workers, job)
+    pool = _pool(workers, job, tokenizer)
     limit = 2 * workers if pool else 0  # chunks in flight: bounded so memory stays flat
     interrupted = False
     try:
@@ -196,7 +196,8 @@ def prepare(
                         + "".join(f"; skipped {s}" for s in skipped[:5]))
     shard_names = {r["index"]: {s: worker.shard_name(s, r["index"], fmt) for s in splits}
                    for r in results}
-    manifest = native_writer.build_manifest(settings, fingerprint, results, shard_names, TOKENIZER_DIR)
+    manifest = native_writer.build_manifest(settings, fingerprint, results, shard_names,
+                                            TOKENIZER_DIR)
     totals = manifest["counts"]
     if totals["instances"] == 0:
         raise DataError(
@@ -321,10 +322,10 @@ def _finished_chunk(root: Path, splits: list[str], index: int, fmt: str) -> dict
 
 # --- worker pool ---------------------------------------------------------------------------------
 
-def _pool(workers: int, job: dict[str, Any]) -> ProcessPoolExecutor | None:
+def _pool(workers: int, job: dict[str, Any], tokenizer: Any) -> ProcessPoolExecutor | None:
     """A spawn-based process pool, or (workers == 1) None: chunks then run in this process."""
     if workers == 1:
-        worker.init_worker(job, in_pool=False)
+        worker.init_worker(job, in_pool=False, tokenizer=tokenizer)
         return None
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                initializer=worker.init_worker, initargs=(job, True))

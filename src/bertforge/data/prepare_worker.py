@@ -52,15 +52,18 @@ def shard_name(split: str, index: int, fmt: str) -> str:
     return native_writer.shard_name(split, index, suffix)
 
 
-def init_worker(job: dict[str, Any], in_pool: bool) -> None:
-    """Load the job (settings from ``prepare`` plus ``vocab_path``) into this process."""
+def init_worker(job: dict[str, Any], in_pool: bool, tokenizer: Any = None) -> None:
+    """Load the job (settings from ``prepare`` plus ``vocab_path``) into this process.
+
+    ``tokenizer``: the one ``prepare`` already loaded, when chunks run in its own process.
+    """
     if in_pool:
         # N worker processes each running a tokenizer thread pool would oversubscribe the cores.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         # Ctrl-C reaches every process of the terminal; the main process decides what stops.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _JOB.clear()
-    _JOB.update(job, tokenizer=load_tokenizer(job["vocab_path"]))
+    _JOB.update(job, tokenizer=tokenizer or load_tokenizer(job["vocab_path"]))
 
 
 def _chunk_rng(seed: int, index: int, purpose: str) -> random.Random:

@@ -61,7 +61,14 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
         raise ConfigError("data.path is not set: give --data.path=DIR (a `bertforge prepare` "
                           "output or NVIDIA/Google hdf5 shards)")
     path = Path(cfg.data.path)
+    manifest = native.read_manifest(path, native_only=False) if (
+        path.is_dir() and (path / native.MANIFEST_NAME).is_file()) else {}
+    tokenizer = None
     kw = _loader_kwargs(cfg, info)
+    if "tokenizer" in manifest:
+        from bertforge.tokenization import BertTokenizer
+        tokenizer = BertTokenizer.from_pretrained(path / manifest["tokenizer"])
+        kw["is_continuation"] = tokenizer.is_continuation  # used only by whole-word masking
     dataset, defaults = open_pretraining_dataset(path, split="train", overrides=kw)
     # get_static first: hdf5's `lengths` is lazy and decompresses every shard.
     if hasattr(dataset, "get_static") or not hasattr(dataset, "lengths"):
@@ -69,26 +76,20 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
     train = PretrainingLoader(dataset, **{**defaults, **kw,
                                           "global_batch_size": cfg.train.global_batch_size,
                                           "num_workers": cfg.data.num_workers})
-    manifest = native.read_manifest(path, native_only=False) if (
-        path.is_dir() and (path / native.MANIFEST_NAME).is_file()) else {}
     validation = None
     if "validation" in manifest.get("splits", {}) and cfg.train.eval_batches:
-        val_set, val_defaults = open_pretraining_dataset(path, split="validation", overrides=kw)
+        val_set, _ = open_pretraining_dataset(path, split="validation", overrides=kw)
         # Validation needs no accumulation: one micro-batch per rank per step, smaller if the
         # held-out split is small.
         micro = min(cfg.train.micro_batch_size, len(val_set) // info.world_size)
         if micro >= 1:
             validation = PretrainingLoader(val_set, **{
-                **val_defaults, **kw, "micro_batch_size": micro,
+                **defaults, **kw, "micro_batch_size": micro,
                 "global_batch_size": micro * info.world_size, "num_workers": 0,
                 "bin_by_length": False})
         else:
             log.warning("validation split has %d sequences, fewer than one per rank; validation "
                         "is skipped", len(val_set))
-    tokenizer = None
-    if "tokenizer" in manifest:
-        from bertforge.tokenization import BertTokenizer
-        tokenizer = BertTokenizer.from_pretrained(path / manifest["tokenizer"])
     return PretrainData(
         train=train, validation=validation,
         has_pairs=manifest.get("objective", "nsp") in ("nsp", "sop"),
