@@ -1,7 +1,9 @@
 """The ``bertforge`` command: one subcommand per user journey, argument handling only.
 
 Each handler imports its back end lazily (so ``--help`` stays instant) and calls one function.
-``UserError`` becomes ``error: <message>`` and exit status 2, never a traceback.
+``UserError`` becomes ``error: <message>`` and exit status 2, ``RunError`` the same with status 1,
+a stop signal (SIGTERM/SIGUSR1 outside the train loop) ``stopped by SIGTERM`` and 128 + its
+number; never a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bertforge.errors import UserError
+from bertforge.errors import RunError, UserError, os_error_text
+from bertforge.signals import Stopped
 
 Handler = Callable[[argparse.Namespace, list], int]
 
@@ -209,15 +212,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if args.verbose else "%(message)s")
     try:
         return args.handler(args, extra)
-    except UserError as exc:
+    except (UserError, RunError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except OSError as exc:  # permissions, a full disk, a vanished file: not a bug of ours
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {os_error_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Stopped as exc:  # the command printed what it kept; say why it ended
+        print(f"stopped by {exc.signal_name}", file=sys.stderr)
+        return exc.exit_code
+
 
 
 if __name__ == "__main__":
