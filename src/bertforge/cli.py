@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bertforge.errors import RunError, UserError, os_error_text
-from bertforge.signals import Stopped
+from bertforge.signals import Stopped, raise_on_stop
 
 Handler = Callable[[argparse.Namespace, list], int]
 
@@ -92,8 +92,10 @@ def _convert(args: argparse.Namespace, extra: list) -> int:
 
 def _pretrain(args: argparse.Namespace, extra: list) -> int:
     from bertforge.config import PretrainConfig, load_config
+    from bertforge.recipes import resolve_recipe
 
-    cfg = load_config(PretrainConfig, args.config, extra)  # before torch: config errors are instant
+    recipe = resolve_recipe(args.config) if args.config else None
+    cfg = load_config(PretrainConfig, recipe, extra)  # before torch: config errors are instant
     from bertforge.train.pretrain import pretrain
 
     pretrain(cfg, benchmark=args.benchmark)
@@ -178,11 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Allow full pickle loading (only for checkpoints you trust).")
 
     from bertforge.config import PretrainConfig, describe
+    from bertforge.recipes import RECIPES_DIR, list_recipes
 
     p = add("pretrain", _pretrain, "Pretrain BERT (MLM + NSP) on prepared data.",
             epilog="config keys (set in the YAML file or as --key=value):\n"
-                   + "\n".join(describe(PretrainConfig)))
-    p.add_argument("--config", default=None, help="YAML recipe (see configs/pretrain/).")
+                   + "\n".join(describe(PretrainConfig))
+                   + f"\n\nrecipes (--config NAME, folder optional; copy one from {RECIPES_DIR} "
+                     "to edit it):\n"
+                   + "\n".join(f"  {name}" for name in list_recipes()))
+    p.add_argument("--config", default=None,
+                   help="A recipe name (see below) or a YAML file.")
     p.add_argument("--benchmark", action="store_true",
                    help="Warm up, time benchmark.steps steps, report sequences/s, MFU and memory; "
                         "no checkpoints.")
@@ -211,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s"
                         if args.verbose else "%(message)s")
     try:
-        return args.handler(args, extra)
+        with raise_on_stop():  # SIGTERM at any moment outside the train loop: a clean exit
+            return args.handler(args, extra)
     except (UserError, RunError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -224,7 +232,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Stopped as exc:  # the command printed what it kept; say why it ended
         print(f"stopped by {exc.signal_name}", file=sys.stderr)
         return exc.exit_code
-
 
 
 if __name__ == "__main__":

@@ -13,17 +13,17 @@ import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, TypeVar
+from typing import Any, List, Optional, Sequence, TypeVar
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from bertforge import limits
 from bertforge.errors import ConfigError
 from bertforge.io import write_text_atomic
+from bertforge.limits import OPTIMIZERS, PRECISIONS, SCHEDULES, check_choice
 
 T = TypeVar("T")
-
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None) -> Any:
@@ -46,8 +46,8 @@ class DataConfig:
     num_workers: int = opt(2, "DataLoader worker processes that mask and collate (0 = in-process).")
 
     def __post_init__(self) -> None:
-        if self.masked_lm_prob is not None and not 0.0 < self.masked_lm_prob < 1.0:
-            raise ConfigError(f"data.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.masked_lm_prob is not None:
+            limits.MASKED_LM_PROB.check(self.masked_lm_prob, "data.masked_lm_prob", ConfigError)
         if self.max_predictions is not None and self.max_predictions < 1:
             raise ConfigError(f"data.max_predictions must be >= 1, got {self.max_predictions}")
         if self.num_workers < 0:
@@ -67,11 +67,22 @@ class TrainConfig:
     eval_batches: int = opt(20, "Validation micro-batches per pass (0 = no validation).")
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     compile: bool = opt(False, "torch.compile the model (GPU recommended).")
+    max_skipped_steps: int = opt(20, "Stop with an error after this many consecutive steps with "
+                                 "non-finite gradients (fp16 loss-scale backoff skips a few).")
+    dist_timeout_s: Optional[float] = opt(None, "Seconds a collective waits for the other ranks "
+                                          "before every rank stops with an error; default 300 "
+                                          "with gloo (CPU), 600 with NCCL (torch's default).")
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every"):
+        for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every",
+                     "max_skipped_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "eval_batches"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.dist_timeout_s is not None:
+            limits.DIST_TIMEOUT_S.check(self.dist_timeout_s, "train.dist_timeout_s", ConfigError)
         if self.global_batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
@@ -86,26 +97,21 @@ class OptimConfig:
     schedule: str = opt("poly", "LR schedule after warm-up: poly (NVIDIA, power 0.5), linear, constant.")
     power: float = opt(0.5, "Exponent of the poly schedule.")
     weight_decay: float = opt(0.01, "Decoupled weight decay (not applied to biases and LayerNorm).")
-    betas: list = opt(help="Adam moment coefficients.", factory=lambda: [0.9, 0.999])
+    betas: List[float] = opt(help="Adam moment coefficients.", factory=lambda: [0.9, 0.999])
     eps: float = opt(1e-6, "Adam epsilon.")
     max_grad_norm: float = opt(1.0, "Global gradient-norm clip (0 = off).")
 
     def __post_init__(self) -> None:
-        if self.name not in ("lamb", "adamw"):
-            raise ConfigError(f"optim.name must be 'lamb' or 'adamw', got {self.name!r}")
-        if self.schedule not in ("poly", "linear", "constant"):
-            raise ConfigError(f"optim.schedule must be poly, linear or constant, got {self.schedule!r}")
-        if not 0.0 <= self.warmup < 1.0:
-            raise ConfigError(f"optim.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
-        if self.lr <= 0:
-            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ConfigError(f"optim.betas needs two numbers in [0, 1), got {list(self.betas)}")
-        for name in ("weight_decay", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
-        if self.eps <= 0 or self.power <= 0:
-            raise ConfigError(f"optim.eps and optim.power must be > 0, got {self.eps} and {self.power}")
+        check_choice(self.name, "optim.name", OPTIMIZERS, ConfigError)
+        check_choice(self.schedule, "optim.schedule", SCHEDULES, ConfigError)
+        if len(self.betas) != 2:
+            raise ConfigError(f"optim.betas needs two numbers, got {list(self.betas)}")
+        for i, beta in enumerate(self.betas):
+            limits.BETA.check(beta, f"optim.betas[{i}]", ConfigError)
+        for name, allowed in (("lr", limits.LEARNING_RATE), ("warmup", limits.WARMUP),
+                              ("power", limits.POWER), ("weight_decay", limits.WEIGHT_DECAY),
+                              ("eps", limits.EPS), ("max_grad_norm", limits.MAX_GRAD_NORM)):
+            allowed.check(getattr(self, name), f"optim.{name}", ConfigError)
 
 
 @dataclass
@@ -151,8 +157,7 @@ class PretrainConfig:
     benchmark: BenchmarkConfig = opt(help="Settings of --benchmark mode.", factory=BenchmarkConfig)
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        check_choice(self.precision, "precision", PRECISIONS, ConfigError)
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -202,9 +207,14 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            layers.append((str(path), OmegaConf.load(path)))
+            layer = OmegaConf.load(path)
         except Exception as exc:  # yaml.YAMLError and friends: show where the file is broken
             raise ConfigError(f"cannot parse config file {path}: {exc}") from None
+        if not isinstance(layer, DictConfig):
+            kind = "a list" if isinstance(layer, ListConfig) else "not a mapping"
+            raise ConfigError(f"config file {path}: the top level is {kind}; it must be a mapping "
+                              "of keys to values (e.g. `train:` then indented `max_steps: 100`)")
+        layers.append((str(path), layer))
     layers.append(("the command line", OmegaConf.from_dotlist(_parse_overrides(overrides))))
     for where, layer in layers:
         try:

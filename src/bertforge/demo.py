@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 
-from bertforge.errors import UserError
+from bertforge.recipes import resolve_recipe
 
-RECIPES = Path(__file__).resolve().parents[2] / "configs"
 SENTENCES = [
     "Return a new [MASK] containing the items of the iterable.",
     "Raise an [MASK] if the file does not exist.",
@@ -65,10 +64,7 @@ def run_demo(workdir: Path, steps: int = 300) -> dict:
                   validation_fraction=0.05, workers=2, seed=1).summary())
 
     _stage(f"4. pretrain a tiny BERT on the CPU ({steps} LAMB steps)")
-    recipe = RECIPES / "debug" / "tiny-cpu.yaml"
-    if not recipe.is_file():
-        raise UserError(f"{recipe} not found: the demo runs from a source checkout (make demo)")
-    cfg = load_config(PretrainConfig, recipe, [
+    cfg = load_config(PretrainConfig, resolve_recipe("debug/tiny-cpu"), [
         f"--data.path={data}", f"--output_dir={workdir / 'run'}", f"--train.max_steps={steps}",
         "--resume=none"])
     result = pretrain(cfg)

@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a partial one.
+"""Atomic file writes (a reader sees the old file or the new one, never a partial one) and
+per-file checksums (a reader can tell that a file's bytes are the ones that were written).
 
 Every file bertforge publishes (configs, vocabularies, tokenizer files, weights, data shards,
 manifests, reports) goes through :func:`atomic_write`: the content is written to a temporary
@@ -13,11 +14,12 @@ matched by the ``*.tmp-*`` pattern that interrupted-run cleanups look for.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 TMP_MARK = ".tmp-"
 
@@ -98,5 +100,90 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
     return write_text_atomic(path, text + "\n", fsync=fsync)
 
 
-__all__ = ["TMP_MARK", "atomic_write", "fsync_dir", "fsync_file", "temp_name",
-           "write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
+def ensure_writable_dir(path: str | os.PathLike[str], key: str) -> Path:
+    """Create directory ``path`` if needed and prove it writable; ``ConfigError`` naming ``key``
+    otherwise (a file in the way, a read-only file system, no permission). Checked before any
+    work starts, so a long run never fails at its first save."""
+    from bertforge.errors import ConfigError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key} {path} is a file, not a directory; choose a directory path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe := temp_name(path / "write-test"), os.O_WRONLY | os.O_CREAT |
+                         os.O_EXCL, 0o666))
+        os.unlink(probe)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+        raise ConfigError(f"{key} {path} is not writable: {exc.strerror or exc}{where}; choose "
+                          "a writable directory or fix its permissions") from None
+    return path
+
+
+# --------------------------------------------------------------------------- checksums
+
+CHECKSUMS_NAME = "checksums.sha256"
+_HASH_BLOCK = 4 << 20
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes, read in blocks (memory stays flat for any size)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksums(directory: str | os.PathLike[str], names: Iterable[str]) -> Path:
+    """Write ``directory/checksums.sha256`` for the files ``names`` (relative, '/'-separated).
+
+    The format is ``sha256sum``'s, so ``sha256sum -c checksums.sha256`` checks a copy by hand.
+    """
+    directory = Path(directory)
+    lines = [f"{sha256_file(directory / name)}  {name}\n" for name in sorted(names)]
+    return write_text_atomic(directory / CHECKSUMS_NAME, "".join(lines))
+
+
+def read_checksums(directory: str | os.PathLike[str]) -> dict[str, str] | None:
+    """``{relative name: hex digest}`` from ``directory/checksums.sha256``, or None without one.
+
+    Raises ``ValueError`` naming the line when the file is not in ``sha256sum`` format.
+    """
+    path = Path(directory) / CHECKSUMS_NAME
+    if not path.is_file():
+        return None
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64 or not name:
+            raise ValueError(f"{path}:{lineno}: not a 'SHA256  NAME' line")
+        out[name] = digest
+    return out
+
+
+def verify_checksums(directory: str | os.PathLike[str], names: Iterable[str] | None = None
+                     ) -> list[str]:
+    """Problems with the files listed in ``directory/checksums.sha256`` (all of them, or only
+    ``names``): ``"NAME is missing"`` or ``"NAME does not match its checksum"``. Empty when every
+    file is intact. Raises ``FileNotFoundError`` when there is no checksum file and ``ValueError``
+    when it is malformed."""
+    directory = Path(directory)
+    recorded = read_checksums(directory)
+    if recorded is None:
+        raise FileNotFoundError(f"{directory / CHECKSUMS_NAME} does not exist")
+    wanted = recorded if names is None else {n: recorded[n] for n in names if n in recorded}
+    problems = []
+    for name, digest in wanted.items():
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif sha256_file(path) != digest:
+            problems.append(f"{name} does not match its checksum")
+    return problems
+
+
+__all__ = ["CHECKSUMS_NAME", "TMP_MARK", "atomic_write", "ensure_writable_dir", "fsync_dir",
+           "fsync_file", "read_checksums", "sha256_file", "temp_name", "verify_checksums",
+           "write_bytes_atomic", "write_checksums", "write_json_atomic", "write_text_atomic"]

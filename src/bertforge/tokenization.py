@@ -22,11 +22,24 @@ from tokenizers.models import WordPiece
 from bertforge.errors import DataError
 from bertforge.io import atomic_write, write_json_atomic, write_text_atomic
 
-__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "check_casing", "vocab_casing", "read_vocab_txt"]
+__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "check_casing", "read_vocab_tokens", "read_vocab_txt",
+           "vocab_casing", "vocab_hash"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_INPUT_CHARS_PER_WORD = 100
 _CASED_MIN_TOKENS = 10  # below this many upper-case tokens we do not call a vocabulary cased
+
+
+def vocab_hash(tokens: Sequence[str]) -> str:
+    """SHA-256 of the tokens in id order (the vocab.txt bytes): the identity of a vocabulary,
+    recorded in prepared data's manifest and compared with every checkpoint's."""
+    return hashlib.sha256(("\n".join(tokens) + "\n").encode("utf-8")).hexdigest()
+
+
+def read_vocab_tokens(directory: str | Path) -> list[str] | None:
+    """Tokens (in id order) of the tokenizer saved in a model directory; None if it has none."""
+    found = _directory_tokens(Path(directory))
+    return None if found is None else found[0]
 
 
 def read_vocab_txt(path: str | Path) -> list[str]:
@@ -156,7 +169,7 @@ class BertTokenizer:
         self.backend = backend
         # [vocab_size] bool: "##" pieces, which whole-word masking keeps with their word.
         self.is_continuation = np.array([t.startswith("##") for t in self.vocab], dtype=bool)
-        self.vocab_hash = hashlib.sha256(("\n".join(self.vocab) + "\n").encode("utf-8")).hexdigest()
+        self.vocab_hash = vocab_hash(self.vocab)
 
     # -- loading and saving --------------------------------------------------------------------
 
@@ -193,15 +206,12 @@ class BertTokenizer:
             raise DataError(f"tokenizer directory {directory} does not exist; check the path")
         config_path = directory / "tokenizer_config.json"
         config = _read_json(config_path) if config_path.exists() else {}
-        json_path, txt_path = directory / "tokenizer.json", directory / "vocab.txt"
-        if json_path.exists():
-            tokens, stored_lower = _read_tokenizer_json(json_path)
-        elif txt_path.exists():
-            tokens, stored_lower = read_vocab_txt(txt_path), None
-        else:
+        found = _directory_tokens(directory)
+        if found is None:
             raise DataError(
                 f"{directory} has neither tokenizer.json nor vocab.txt; is it a model directory?"
             )
+        tokens, stored_lower = found
         if isinstance(config.get("do_lower_case"), bool):
             stored_lower = config["do_lower_case"]
         if stored_lower is None:
@@ -288,6 +298,16 @@ def _read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a JSON object at the top level")
     return data
+
+
+def _directory_tokens(directory: Path) -> tuple[list[str], bool | None] | None:
+    """(tokens, lowercase flag or None) of a directory's tokenizer.json, else its vocab.txt."""
+    json_path, txt_path = directory / "tokenizer.json", directory / "vocab.txt"
+    if json_path.exists():
+        return _read_tokenizer_json(json_path)
+    if txt_path.exists():
+        return read_vocab_txt(txt_path), None
+    return None
 
 
 def _read_tokenizer_json(path: Path) -> tuple[list[str], bool | None]:

@@ -23,7 +23,7 @@ ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU)
 DOCUMENTED_KEYS = {"step", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "lr", "grad_norm",
                    "seq_per_s", "tokens_per_s"}
 
-# First 4 steps of configs/debug/tiny-cpu.yaml (bert-tiny, LAMB lr 1e-2, warm-up 0.05, fp32,
+# First 4 steps of the debug/tiny-cpu recipe (bert-tiny, LAMB lr 1e-2, warm-up 0.05, fp32,
 # seed 12345) on the session's tiny data, with max_steps=4 and global batch 8 = 2 x 4. Recorded
 # from this test's metrics.jsonl when the engine was verified (one thread; two threads agree to
 # 1e-6). A failure means init, data order, masking, loss or optimizer changed: update the
@@ -144,12 +144,12 @@ def test_benchmark_mode(tmp_path: Path, tiny, tiny_config) -> None:
 
 def test_batch_sizes_must_divide_over_ranks(tmp_path: Path, tiny_config,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    # 12 = 3 micro-batches of 4 passes the config check, but not 4 x 2 ranks: the loader says so.
+    # 12 = 3 micro-batches of 4 passes the config check, but not 4 x 2 ranks: the run says so.
     monkeypatch.setattr(pretrain_module, "init_distributed",
-                        lambda: DistInfo(rank=0, world_size=2, local_rank=0, device=CPU))
+                        lambda **kw: DistInfo(rank=0, world_size=2, local_rank=0, device=CPU))
     cfg = tiny_config(tmp_path, "--train.global_batch_size=12")
-    with pytest.raises(ConfigError, match=r"global_batch_size=12 is not divisible by "
-                                          r"micro_batch_size=4 x world_size=2 = 8.*e\.g\. 16"):
+    with pytest.raises(ConfigError, match=r"train\.global_batch_size=12 is not a multiple of "
+                                          r"train\.micro_batch_size=4 x 2 ranks = 8.*e\.g\. 16"):
         pretrain(cfg)
     assert not list(tmp_path.iterdir())  # nothing written before the check
 
@@ -169,7 +169,8 @@ def test_data_errors_name_the_problem(tmp_path: Path, tiny_config) -> None:
 def test_model_follows_the_data_and_refuses_short_positions(tmp_path: Path, tiny,
                                                             tiny_config) -> None:
     data = open_pretrain_data(tiny_config(tmp_path), ONE_PROCESS)
-    model = pretrain_module.build_model(tiny_config(tmp_path, "--model=bert-tiny"), data, None)
+    model = pretrain_module.build_model(tiny_config(tmp_path, "--model=bert-tiny"), data, None,
+                                        CPU)
     manifest = json.loads((Path(tiny.data) / "manifest.json").read_text())
     assert model.config.vocab_size == manifest["vocab_size"]
     assert model.config.pad_token_id == manifest["special_ids"]["pad"]
@@ -181,7 +182,7 @@ def test_model_follows_the_data_and_refuses_short_positions(tmp_path: Path, tiny
                                  "max_position_embeddings": 16}))
     with pytest.raises(ConfigError, match=r"sequences of up to 32 tokens but the model has 16 "
                                           r"positions; prepare with --max-seq-length 16"):
-        pretrain_module.build_model(tiny_config(tmp_path, f"--model={short}"), data, None)
+        pretrain_module.build_model(tiny_config(tmp_path, f"--model={short}"), data, None, CPU)
 
 
 def test_tensorboard_events_are_written(tmp_path: Path, tiny_config) -> None:

@@ -2,7 +2,8 @@
 (losses, learning rates, validation), the same micro-batches with the same masks.
 
 Stops come from the real preemption path: in-process, the loop's preemption flag is replaced by
-one that fires after a chosen step; in a child process, a real SIGTERM.
+one that fires after a chosen step (the ``stop_after`` fixture); in a child process, a real
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -31,25 +32,6 @@ ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("
 
 STEPS = 6       # 2k steps straight; the stopped run halts after k = 3
 LR, WARMUP = 1e-2, 0.05  # the debug recipe's optimizer settings
-
-
-def stop_after(step: int) -> type:
-    """A stand-in for PreemptionFlag that reports a request after the loop's ``step``-th poll,
-    i.e. as if SIGTERM had arrived during the ``step``-th step of this process."""
-
-    class StopAfter:
-        def __init__(self) -> None:
-            self.polls = 0
-
-        @property
-        def requested(self) -> bool:
-            self.polls += 1
-            return self.polls >= step
-
-        def restore(self) -> None:
-            pass
-
-    return StopAfter
 
 
 def digest(batch: dict) -> str:
@@ -87,7 +69,7 @@ def optimizer_state(checkpoint: Path) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stop_and_resume_equals_uninterrupted(workers: int, tmp_path: Path, tiny_config,
-                                              run_metrics, train_batches: list[str],
+                                              run_metrics, train_batches: list[str], stop_after,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     extra = (f"--data.num_workers={workers}", "--train.eval_every=2")
     straight = pretrain(tiny_config(tmp_path / "straight", *extra))

@@ -17,6 +17,7 @@ from bertforge.optim import Lamb, build_scheduler, param_groups
 from bertforge.train.checkpoint import (
     COMPLETE,
     CheckpointManager,
+    CheckpointWriteError,
     gather_to_rank0,
     load_training_state,
     resolve_resume,
@@ -26,10 +27,16 @@ from bertforge.train.rng import capture_rng_state, restore_rng_state
 
 
 def write_dummy(step: int):
+    """A checkpoint with placeholder files where a resume needs them (the manager and resume
+    resolution only check presence and checksums; they never unpickle)."""
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps({"step": step}))
         (tmp / "training_state").mkdir()
-        (tmp / "training_state" / "meta.json").write_text(json.dumps({"step": step}))
+        files = ["optimizer.pt", "config.json"]
+        for name in files:
+            (tmp / "training_state" / name).write_bytes(b"placeholder")
+        (tmp / "training_state" / "meta.json").write_text(json.dumps({"step": step,
+                                                                      "files": files}))
     return write
 
 
@@ -46,7 +53,8 @@ def test_crash_in_write_fn_publishes_nothing(tmp_path):
         (tmp / "model.safetensors").write_bytes(b"half a model")
         raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointWriteError, match="disk full writing checkpoint-20 .*checkpoint-10 "
+                                                   "is intact"):
         mgr.save(20, crashing)
     assert names(tmp_path) == ["checkpoint-10"]          # no checkpoint-20, no .tmp leftovers
     assert mgr.latest() == first

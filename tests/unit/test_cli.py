@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from bertforge.cli import build_parser, main
+from bertforge.recipes import resolve_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-DEBUG_RECIPE = ROOT / "configs" / "debug" / "tiny-cpu.yaml"
+DEBUG_RECIPE = resolve_recipe("debug/tiny-cpu")
 
 
 def subcommands() -> list[str]:

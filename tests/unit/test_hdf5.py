@@ -15,7 +15,7 @@ import torch
 from bertforge.data.hdf5 import Hdf5Dataset, write_hdf5_shard
 from bertforge.data.loader import PretrainingLoader
 from bertforge.data.open import build_loader
-from bertforge.errors import ConfigError, DataError
+from bertforge.errors import DataError
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = 200
@@ -214,7 +214,7 @@ def test_shards_are_read_one_after_another(tmp_path: Path) -> None:
         visits = shard.ravel()[np.r_[True, np.diff(shard.ravel()) != 0]]
         assert sorted(visits.tolist()) == [0, 1, 2]  # each shard entered once per epoch
     assert not np.array_equal(loader.epoch_batches(0), loader.epoch_batches(1))
-    with pytest.raises(ConfigError, match="bin_by_length=True needs random access"):
+    with pytest.raises(ValueError, match="bin_by_length=True needs random access"):
         build_loader(tmp_path, global_batch_size=4, micro_batch_size=2, bin_by_length=True)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bertforge.data.loader import PretrainingLoader, length_bins
-from bertforge.errors import CheckpointError, ConfigError, DataError
+from bertforge.errors import CheckpointError, DataError
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = 300
@@ -181,18 +181,18 @@ def test_drop_last_false_wraps_within_the_epoch() -> None:
 
 
 def test_configuration_errors() -> None:
-    with pytest.raises(ConfigError, match=r"global_batch_size=10 is not divisible by "
+    with pytest.raises(ValueError, match=r"global_batch_size=10 is not divisible by "
                                           r"micro_batch_size=4 x world_size=1 = 4.*e\.g\. 8"):
         make(ToyDataset(20), global_batch_size=10, micro_batch_size=4)
-    with pytest.raises(ConfigError, match="rank=2 must be in"):
+    with pytest.raises(ValueError, match="rank=2 must be in"):
         make(ToyDataset(20), world_size=2, rank=2)
-    with pytest.raises(ConfigError, match="is_continuation"):
+    with pytest.raises(ValueError, match="is_continuation"):
         make(ToyDataset(20), whole_word_masking=True)
     with pytest.raises(DataError, match="fewer samples than one global batch of 64"):
         make(ToyDataset(20), global_batch_size=64)
     with pytest.raises(DataError, match=r"the dataset holds fewer samples than one global "
                                         r"batch of 32 \(dataset has 20\); use a smaller "
-                                        r"train\.global_batch_size or more data"):
+                                        r"global batch size or more data"):
         make(ToyDataset(20), global_batch_size=32)
 
 

@@ -65,7 +65,7 @@ def test_preset_overrides() -> None:
         ({"vocab_size": 0}, r"vocab_size must be an integer >= 1, got 0"),
         ({"num_hidden_layers": True}, r"num_hidden_layers must be an integer >= 1, got True"),
         ({"pad_token_id": 99}, r"pad_token_id=99 is outside the vocabulary \(vocab_size=99\)"),
-        ({"layer_norm_eps": 0}, r"layer_norm_eps must be a positive number"),
+        ({"layer_norm_eps": 0}, r"layer_norm_eps must be a positive finite number"),
         ({"pad_vocab_size_multiple": 0}, r"pad_vocab_size_multiple must be an integer >= 1"),
         ({"num_labels": 3, "id2label": {0: "a", 1: "b"}}, r"id2label has keys \[0, 1\] but num_labels=3"),
         ({"do_lower_case": "yes"}, r"do_lower_case must be true, false or null"),

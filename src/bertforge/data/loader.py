@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from bertforge.data.masking import mask_tokens, normalize_special_ids, order_rng, sample_rng
-from bertforge.errors import CheckpointError, ConfigError, DataError
+from bertforge import limits
+from bertforge.errors import CheckpointError, DataError
 
 IGNORE_INDEX = -100
 
@@ -64,17 +65,16 @@ Row = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # input_ids, token_type_id
 def masking_spec(*, masked_lm_prob: float, max_predictions: int, whole_word_masking: bool,
                  is_continuation: np.ndarray | None, mask_id: int | None, vocab_size: int | None,
                  special_ids: Sequence[int] | np.ndarray, pad_id: int) -> MaskingSpec:
-    """Checked dynamic-masking settings; ``ConfigError`` naming the keyword when one is wrong."""
-    if not 0.0 < masked_lm_prob <= 1.0:
-        raise ConfigError(f"masked_lm_prob={masked_lm_prob} must be in (0, 1]")
+    """Checked dynamic-masking settings; ``ValueError`` naming the keyword when one is wrong."""
+    limits.MASKED_LM_PROB.check(masked_lm_prob, "masked_lm_prob")
     if max_predictions < 1:
-        raise ConfigError(f"max_predictions={max_predictions} must be at least 1")
+        raise ValueError(f"max_predictions={max_predictions} must be at least 1")
     if mask_id is None or vocab_size is None:
-        raise ConfigError("dynamic masking needs mask_id and vocab_size (the tokenizer's "
-                          "mask_id and vocab_size, or a native shard directory's manifest)")
+        raise ValueError("dynamic masking needs mask_id and vocab_size (the tokenizer's "
+                         "mask_id and vocab_size, or a native shard directory's manifest)")
     if whole_word_masking and is_continuation is None:
-        raise ConfigError("whole_word_masking=True needs is_continuation (pass "
-                          "is_continuation=tokenizer.is_continuation)")
+        raise ValueError("whole_word_masking=True needs is_continuation (pass "
+                         "is_continuation=tokenizer.is_continuation)")
     # [MASK] and [PAD] are never targets nor random replacements, listed or not.
     specials = np.union1d(normalize_special_ids(special_ids), [mask_id, pad_id])
     wwm = np.asarray(is_continuation, dtype=bool) if whole_word_masking else None
@@ -189,11 +189,11 @@ def epoch_batches(num_samples: int, global_batch_size: int, *, seed: int, epoch:
 
 
 def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
-    """k = global / (micro x world); ConfigError naming the numbers when not a whole number."""
+    """k = global / (micro x world); ValueError naming the numbers when not a whole number."""
     per_step = micro_batch_size * world_size
     if global_batch_size % per_step:
         nearest = max(1, round(global_batch_size / per_step)) * per_step
-        raise ConfigError(
+        raise ValueError(
             f"global_batch_size={global_batch_size} is not divisible by micro_batch_size="
             f"{micro_batch_size} x world_size={world_size} = {per_step}; choose a global batch "
             f"size that is a multiple of {per_step} (e.g. {nearest}) or change the micro batch "
@@ -222,13 +222,13 @@ class PretrainingLoader:
                             ("micro_batch_size", micro_batch_size), ("world_size", world_size),
                             ("num_bins", num_bins), ("pad_to_multiple_of", pad_to_multiple_of)):
             if value < 1:
-                raise ConfigError(f"{name}={value} must be at least 1")
+                raise ValueError(f"{name}={value} must be at least 1")
         if not 0 <= rank < world_size:
-            raise ConfigError(f"rank={rank} must be in [0, world_size={world_size})")
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         if num_workers < 0:
-            raise ConfigError(f"num_workers={num_workers} must be >= 0")
+            raise ValueError(f"num_workers={num_workers} must be >= 0")
         if seed < 0:
-            raise ConfigError(f"seed={seed} must be >= 0")
+            raise ValueError(f"seed={seed} must be >= 0")
         self.dataset = dataset
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.rank, self.world_size = rank, world_size
@@ -245,9 +245,9 @@ class PretrainingLoader:
                                       pad_to_multiple_of=pad_to_multiple_of)
         self._shard_offsets = getattr(dataset, "shard_offsets", None)
         if bin_by_length and self._shard_offsets is not None:
-            raise ConfigError("bin_by_length=True needs random access to samples, but this "
-                              "dataset is read shard by shard (hdf5); set bin_by_length=false "
-                              "or prepare native shards with `bertforge prepare`")
+            raise ValueError("bin_by_length=True needs random access to samples, but this "
+                             "dataset is read shard by shard (hdf5); pass bin_by_length=False "
+                             "or prepare native shards with `bertforge prepare`")
         # Only binning needs the lengths; hdf5 datasets compute them lazily (a full read).
         self._bins = length_bins(np.asarray(dataset.lengths), num_bins) if bin_by_length else None
         self.batches_per_epoch = self._count_batches(len(dataset))
@@ -262,8 +262,8 @@ class PretrainingLoader:
         if total == 0:
             where = "any length bin" if self._bins is not None else "the dataset"
             raise DataError(f"{where} holds fewer samples than one global batch of "
-                            f"{g} (dataset has {n}); use a smaller train.global_batch_size or "
-                            f"more data")
+                            f"{g} (dataset has {n}); use a smaller global batch size or more "
+                            f"data")
         return total
 
     def _dataset_fingerprint(self) -> str:

@@ -6,12 +6,17 @@ only on the input. Each chunk becomes one shard per split, built by a worker
 (:mod:`bertforge.data.prepare_worker`) with RNGs seeded by ``(seed, chunk index)``:
 segmentation, tokenization, validation assignment, instance creation and the shard write. Hence the output is identical byte for byte whatever the worker count, and a
 re-run skips the chunks whose shards exist (resume). ``manifest.json`` is written last.
+
+Stopping: Ctrl-C, SIGTERM or SIGUSR1 reach the main process only (workers ignore them); it drops
+the queued chunks, lets the running ones finish, removes temporary files and keeps every finished
+shard. Workers end by themselves when the main process is gone, even after SIGKILL.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -24,12 +29,14 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from bertforge import limits
 from bertforge.data import native, native_writer
 from bertforge.data import prepare_worker as worker
 from bertforge.data.instances import check_instance_settings
 from bertforge.data.prepare_worker import load_tokenizer
 from bertforge.errors import ConfigError, DataError
 from bertforge.io import write_json_atomic
+from bertforge.signals import Stopped, raise_on_stop
 
 SETTINGS_NAME = "prepare-settings.json"
 TOKENIZER_DIR = "tokenizer"
@@ -81,6 +88,7 @@ class PrepareReport:
         return "\n".join(lines)
 
 
+@raise_on_stop()  # SIGTERM/SIGUSR1 raise Stopped: the same clean exit as Ctrl-C
 def prepare(
     inputs: Sequence[str | Path],
     vocab: str | Path,
@@ -158,7 +166,7 @@ def prepare(
     bar = _progress_bar(input_bytes, progress)
     pool = _pool(workers, job, tokenizer)
     limit = 2 * workers if pool else 0  # chunks in flight: bounded so memory stays flat
-    interrupted = False
+    stop: BaseException | None = None  # the KeyboardInterrupt or Stopped that ends the run early
     try:
         pending: list[tuple[Future | None, dict[str, Any]]] = []
         for task in _chunks(files, input_format, text_field, docs_per_shard, chunk_bytes,
@@ -174,21 +182,24 @@ def prepare(
                 results.append(_harvest(*pending.pop(0), bar))
         while pending:
             results.append(_harvest(*pending.pop(0), bar))
-    except KeyboardInterrupt:
-        interrupted = True
+    except (KeyboardInterrupt, Stopped) as e:
+        stop = e
         raise
     except BrokenProcessPool as e:
+        _kill_workers(pool)
         raise DataError(f"a prepare worker process died (often: out of memory) while writing "
                         f"{output}; run the same command again with fewer --workers, finished "
                         "shards are kept") from e
     finally:
         bar.close()
         if pool:
-            # Queued chunks are dropped; running ones (workers ignore SIGINT) finish atomically.
+            # Queued chunks are dropped; running ones (workers ignore stop signals) finish
+            # atomically.
             pool.shutdown(wait=True, cancel_futures=True)
-        if interrupted:
+        if stop is not None:
             native_writer.remove_temp_files(output, splits)
-            say("prepare: interrupted; finished shards are kept, run the same command to resume")
+            why = str(stop) if isinstance(stop, Stopped) else "interrupted"
+            say(f"prepare: {why}; finished shards are kept, run the same command to resume")
 
     if not results:
         raise DataError(f"no documents found in {', '.join(map(str, inputs))} (input format "
@@ -230,8 +241,10 @@ def _check_args(a: dict[str, Any]) -> None:
         ("--format", a["fmt"] in ("native", "hdf5"), "must be native or hdf5"),
         ("--workers", isinstance(a["workers"], int) and a["workers"] >= 1, "must be >= 1"),
         ("--dupe-factor", isinstance(a["dupe_factor"], int) and a["dupe_factor"] >= 1, "must be >= 1"),
-        ("--validation-fraction", 0.0 <= a["validation_fraction"] < 1.0, "must be in [0, 1)"),
-        ("--masked-lm-prob", 0.0 < a["masked_lm_prob"] < 1.0, "must be in (0, 1)"),
+        ("--validation-fraction", a["validation_fraction"] in limits.FRACTION,
+         f"must be a finite number {limits.FRACTION}"),
+        ("--masked-lm-prob", a["masked_lm_prob"] in limits.MASKED_LM_PROB,
+         f"must be a finite number {limits.MASKED_LM_PROB}"),
         ("--max-predictions", a["max_predictions"] >= 1, "must be >= 1"),
         ("docs_per_shard", a["docs_per_shard"] >= 1, "must be >= 1"),
         ("chunk_bytes", a["chunk_bytes"] >= 1, "must be >= 1"),
@@ -325,10 +338,21 @@ def _finished_chunk(root: Path, splits: list[str], index: int, fmt: str) -> dict
 def _pool(workers: int, job: dict[str, Any], tokenizer: Any) -> ProcessPoolExecutor | None:
     """A spawn-based process pool, or (workers == 1) None: chunks then run in this process."""
     if workers == 1:
-        worker.init_worker(job, in_pool=False, tokenizer=tokenizer)
+        worker.init_worker(job, parent_pid=None, tokenizer=tokenizer)
         return None
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                               initializer=worker.init_worker, initargs=(job, True))
+                               initializer=worker.init_worker, initargs=(job, os.getpid()))
+
+
+def _kill_workers(pool: ProcessPoolExecutor | None) -> None:
+    """SIGKILL the workers left in a broken pool.
+
+    The pool's own clean-up only sends SIGTERM, which workers ignore; one left blocked on a queue
+    lock that the dead worker held would make ``shutdown`` wait forever. ``_processes`` is private
+    but present in every supported Python (3.14 adds ``kill_workers()``); test doubles lack it.
+    """
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.kill()
 
 
 def _harvest(fut: Future | None, task: dict[str, Any], bar: Any) -> dict[str, Any]:

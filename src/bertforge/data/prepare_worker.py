@@ -1,10 +1,11 @@
 """The worker side of ``bertforge prepare``: one chunk of documents -> one shard per split.
 
-A worker process is set up once (:func:`init_worker`: job settings and the tokenizer), then
-runs :func:`process_chunk` for each chunk the main process hands it: segmentation,
-tokenization, validation assignment, instance creation and the shard write. Every random
-choice comes from an RNG seeded by ``(seed, chunk index, purpose)``, so a chunk's shards are
-the same byte for byte whichever process builds them and however many there are.
+A worker process is set up once (:func:`init_worker`: job settings, the tokenizer, and a watch
+that ends the worker when the main process is gone), then runs :func:`process_chunk` for each
+chunk the main process hands it: segmentation, tokenization, validation assignment, instance
+creation and the shard write. Every random choice comes from an RNG seeded by ``(seed, chunk
+index, purpose)``, so a chunk's shards are the same byte for byte whichever process builds them
+and however many there are.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import os
 import random
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +25,10 @@ import numpy as np
 from bertforge.data import native, native_writer
 from bertforge.data.instances import Instance, create_instances
 from bertforge.errors import DataError, UserError
+from bertforge.signals import STOP_SIGNALS
 
 HDF5_SUFFIX = ".hdf5"
+PARENT_POLL_S = 0.5  # how soon a pool worker notices that the main process is gone
 
 _JOB: dict[str, Any] = {}  # per process: the job settings and the loaded tokenizer
 
@@ -52,18 +57,42 @@ def shard_name(split: str, index: int, fmt: str) -> str:
     return native_writer.shard_name(split, index, suffix)
 
 
-def init_worker(job: dict[str, Any], in_pool: bool, tokenizer: Any = None) -> None:
+def init_worker(job: dict[str, Any], parent_pid: int | None, tokenizer: Any = None) -> None:
     """Load the job (settings from ``prepare`` plus ``vocab_path``) into this process.
 
+    ``parent_pid``: for a pool worker, the pid of the ``prepare`` process, which the worker
+    outlives by at most ``PARENT_POLL_S``; None when chunks run in that process itself.
     ``tokenizer``: the one ``prepare`` already loaded, when chunks run in its own process.
     """
-    if in_pool:
+    if parent_pid is not None:
         # N worker processes each running a tokenizer thread pool would oversubscribe the cores.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # Ctrl-C reaches every process of the terminal; the main process decides what stops.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Ctrl-C reaches every process of the terminal, and `timeout` or a batch scheduler may
+        # signal the whole process group: the main process decides what stops, and lets the
+        # running chunks finish.
+        for sig in (signal.SIGINT, *STOP_SIGNALS):
+            signal.signal(sig, signal.SIG_IGN)
+        _exit_with_parent(parent_pid)
     _JOB.clear()
     _JOB.update(job, tokenizer=tokenizer or load_tokenizer(job["vocab_path"]))
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """End this process soon after ``parent_pid`` is gone, however it ended.
+
+    A main process killed with SIGKILL (or by the OOM killer) cannot stop its workers, which would
+    otherwise wait for work forever, holding their memory; polling needs nothing from it. An
+    orphan is adopted by another process, so ``getppid()`` changes, also if the main process died
+    before this ran.
+    """
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        # Nobody is left to read an exit status; a half-written shard is only a temporary file,
+        # which the next run removes.
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _chunk_rng(seed: int, index: int, purpose: str) -> random.Random:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,8 +112,9 @@ class BertConfig:
                 raise ConfigError(f"BertConfig.{name} must be a probability in [0, 1), got {value!r}")
         for name in ("initializer_range", "layer_norm_eps"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"BertConfig.{name} must be a positive number, got {value!r}")
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value <= 0):
+                raise ConfigError(f"BertConfig.{name} must be a positive finite number, got {value!r}")
         if self.pad_token_id is not None:
             need_int("pad_token_id", 0)
             if self.pad_token_id >= self.vocab_size:
@@ -136,6 +138,16 @@ class BertConfig:
         """Rows of the embedding and decoder matrices: ``vocab_size`` rounded up to the multiple."""
         m = self.pad_vocab_size_multiple
         return (self.vocab_size + m - 1) // m * m
+
+    def num_parameters(self) -> int:
+        """Trainable parameters of ``BertForPreTraining`` with this shape (the decoder is tied to
+        the padded word embeddings); other heads differ by a few thousand at most."""
+        h, i, layers = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+        embeddings = (self.padded_vocab_size + self.max_position_embeddings
+                      + self.type_vocab_size) * h + 2 * h
+        layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h  # attention, FFN, 2 LNs
+        heads = (h * h + h) + (h * h + 3 * h + self.padded_vocab_size) + (2 * h + 2)
+        return embeddings + layers * layer + heads  # heads: pooler, MLM transform + bias, NSP
 
     @property
     def head_dim(self) -> int:

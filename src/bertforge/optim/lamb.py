@@ -20,6 +20,7 @@ in it reads a value back to the host.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from typing import Callable, Iterable, Optional, Sequence
@@ -27,7 +28,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from bertforge.errors import ConfigError
+from bertforge import limits
 
 
 def _buckets(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[int]]:
@@ -38,8 +39,14 @@ def _buckets(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype]
     return out
 
 
+def _norm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for 16- and 32-bit tensors, float64 for float64 (a norm never narrows its input)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
-    """L2 norm of all ``grads`` taken together, as a float32 0-d tensor on the first grad's device.
+    """L2 norm of all ``grads`` taken together, as a 0-d tensor on the first grad's device:
+    float32, or float64 when any grad is float64.
 
     Per-tensor norms are accumulated in float32 even for half-precision grads, whose squares
     would overflow float16 long before a BERT gradient becomes unusual.
@@ -48,10 +55,11 @@ def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
         return torch.zeros((), dtype=torch.float32)
     device = grads[0].device
     norms: list[Tensor] = []
-    for idx in _buckets(grads).values():
-        bucket_norms = torch._foreach_norm([grads[i] for i in idx], 2, dtype=torch.float32)
+    for (_, dtype), idx in _buckets(grads).items():
+        bucket_norms = torch._foreach_norm([grads[i] for i in idx], 2, dtype=_norm_dtype(dtype))
         norms.extend(n.to(device) for n in bucket_norms)  # no-op on the same device
-    return torch.linalg.vector_norm(torch.stack(norms))
+    wide = functools.reduce(torch.promote_types, (n.dtype for n in norms))
+    return torch.linalg.vector_norm(torch.stack([n.to(wide) for n in norms]))
 
 
 def _clip_factor(norm: Tensor, max_norm: float) -> Tensor:
@@ -64,7 +72,7 @@ def clip_grad_norm_(params: Iterable[Tensor], max_norm: float) -> Tensor:
     """Scale the gradients of ``params`` in place so their global L2 norm is at most ``max_norm``.
 
     Same rule as :class:`Lamb` (grads / max(norm / max_norm, 1)), so LAMB and AdamW runs clip
-    identically. ``max_norm <= 0`` only measures. Returns the pre-clip norm (float32 0-d tensor,
+    identically. ``max_norm <= 0`` only measures. Returns the pre-clip norm (0-d tensor,
     no host sync). Used by the train loop for optimizers that do not clip internally.
     """
     grads = [p.grad for p in params if p.grad is not None]
@@ -86,7 +94,11 @@ class Lamb(torch.optim.Optimizer):
         eps: added to sqrt(v_hat) in the denominator.
         weight_decay: decoupled decay added to the update; 0 in a group also turns off the trust
             ratio for that group.
-        max_grad_norm: clip threshold for the global gradient norm over all groups; <= 0 disables.
+        max_grad_norm: clip threshold for the global gradient norm over all groups; 0 disables.
+
+    Any floating dtype torch.optim accepts works (float16, bfloat16, float32, float64); norms are
+    taken in float32, or in float64 for float64 tensors. Arguments outside the ranges of
+    :mod:`bertforge.limits` raise ``ValueError``.
 
     After each :meth:`step`, ``last_grad_norm`` holds the pre-clip global gradient norm as a
     float32 0-d tensor on the parameters' device (read it with ``.item()`` only when logging).
@@ -104,14 +116,14 @@ class Lamb(torch.optim.Optimizer):
         weight_decay: float = 0.01,
         max_grad_norm: float = 1.0,
     ) -> None:
-        if not lr >= 0.0:
-            raise ConfigError(f"Lamb: optim.lr must be >= 0, got {lr}")
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ConfigError(f"Lamb: optim.betas must be two numbers in [0, 1), got {list(betas)}")
-        if not eps >= 0.0:
-            raise ConfigError(f"Lamb: optim.eps must be >= 0, got {eps}")
-        if not weight_decay >= 0.0:
-            raise ConfigError(f"Lamb: optim.weight_decay must be >= 0, got {weight_decay}")
+        limits.LEARNING_RATE.check(lr, "lr")
+        if len(betas) != 2:
+            raise ValueError(f"betas must be two numbers, got {list(betas)}")
+        for i, beta in enumerate(betas):
+            limits.BETA.check(beta, f"betas[{i}]")
+        limits.EPS.check(eps, "eps")
+        limits.WEIGHT_DECAY.check(weight_decay, "weight_decay")
+        limits.MAX_GRAD_NORM.check(max_grad_norm, "max_grad_norm")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.max_grad_norm = float(max_grad_norm)
@@ -221,8 +233,9 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_add_(params, update, alpha=-lr)
             return
         torch._foreach_add_(update, params, alpha=wd)
-        w_norm = torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32))  # (n,)
-        u_norm = torch.stack(torch._foreach_norm(update, 2, dtype=torch.float32))  # (n,)
+        norm_dtype = _norm_dtype(params[0].dtype)
+        w_norm = torch.stack(torch._foreach_norm(params, 2, dtype=norm_dtype))  # (n,)
+        u_norm = torch.stack(torch._foreach_norm(update, 2, dtype=norm_dtype))  # (n,)
         # A zero weight (fresh bias-like tensor) or a zero update would give 0 or inf: use 1.
         trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
         scale = (trust * -lr).to(params[0].dtype)                                 # (n,)

@@ -14,10 +14,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from bertforge.errors import ConfigError
+from bertforge.limits import OPTIMIZERS, check_choice
 from bertforge.optim.lamb import Lamb
-
-OPTIMIZERS = ("lamb", "adamw")
 
 _NORM_TYPES: tuple[type, ...] = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
 if hasattr(nn, "RMSNorm"):
@@ -54,8 +52,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     {"params": biases/norms/1-D, "weight_decay": 0.0}]``; empty groups are left out."""
     decay, no_decay = split_decay(model)
     if not decay and not no_decay:
-        raise ConfigError("the model has no trainable parameters (all have requires_grad=False); "
-                          "nothing to optimize")
+        raise ValueError("the model has no trainable parameters (all have requires_grad=False); "
+                         "nothing to optimize")
     named = dict(model.named_parameters())
     groups = [
         {"params": [named[n] for n in decay], "weight_decay": float(weight_decay)},
@@ -82,8 +80,7 @@ def build_optimizer(
     """
     # Only the name is checked here (it picks the class); each optimizer checks its own
     # hyper-parameters in its constructor.
-    if name not in OPTIMIZERS:
-        raise ConfigError(f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    check_choice(name, "name", OPTIMIZERS)
     groups = param_groups(model, weight_decay)
     betas = tuple(betas)
     if name == "lamb":

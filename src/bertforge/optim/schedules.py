@@ -26,9 +26,8 @@ from __future__ import annotations
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from bertforge.errors import ConfigError
-
-SCHEDULES = ("poly", "linear", "constant")
+from bertforge import limits
+from bertforge.limits import SCHEDULES, check_choice
 
 
 def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
@@ -48,11 +47,7 @@ def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
         return base_lr * max((1.0 - progress) / (1.0 - warmup), 0.0)
     if schedule == "constant":
         return base_lr
-    raise _unknown_schedule(schedule)
-
-
-def _unknown_schedule(schedule: str) -> ConfigError:
-    return ConfigError(f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
 
 
 class WarmupDecayLR(LRScheduler):
@@ -80,16 +75,13 @@ class WarmupDecayLR(LRScheduler):
 
 
 def _validate(schedule: str, total_steps: int, warmup: float, power: float) -> None:
-    """The checks behind :func:`build_scheduler`; the values are not checked again per step."""
-    if schedule not in SCHEDULES:
-        raise _unknown_schedule(schedule)
-    if int(total_steps) != total_steps or total_steps < 1:
-        raise ConfigError(f"train.max_steps (the schedule length) must be an integer >= 1, "
-                          f"got {total_steps}")
-    if not 0.0 <= warmup < 1.0:
-        raise ConfigError(f"optim.warmup is a fraction of train.max_steps in [0, 1), got {warmup}")
-    if not power > 0.0:
-        raise ConfigError(f"optim.power must be > 0, got {power}")
+    """The checks behind :func:`build_scheduler` (``ValueError`` naming the argument); the values
+    are not checked again per step."""
+    check_choice(schedule, "schedule", SCHEDULES)
+    if isinstance(total_steps, bool) or int(total_steps) != total_steps or total_steps < 1:
+        raise ValueError(f"total_steps must be an integer >= 1, got {total_steps}")
+    limits.WARMUP.check(warmup, "warmup")
+    limits.POWER.check(power, "power")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, name: str, total_steps: int,

@@ -11,23 +11,33 @@ Layout of ``{output_dir}/checkpoint-{step}/``::
         config.json             the resolved run configuration
         rng_rank{r}.pt          every RNG of rank r (see bertforge.train.rng)
         data_rank{r}.json       data-loader position of rank r
+    checksums.sha256            SHA-256 of every file above (``sha256sum -c`` reads it)
     COMPLETE                    written last; a directory without it is never resumed from
 
 All ``.pt`` files hold only tensors and plain Python containers, so they load with
 ``torch.load(weights_only=True)`` (no arbitrary pickle).
 
 Atomicity: everything is written into ``{output_dir}/.tmp-checkpoint-{step}-{random}``; the files
-are fsynced, ``COMPLETE`` is written and fsynced, then the directory is renamed to
+are fsynced, their checksums and then ``COMPLETE`` are written and fsynced, then the directory is
+renamed to
 ``checkpoint-{step}`` (one atomic ``rename``) and ``output_dir`` is fsynced. A crash at any point
 leaves either the old set of checkpoints or the new one, plus at most a ``.tmp-*`` directory that
 readers ignore and the next save removes. Rank 0 is the only writer: the loop gathers the other
 ranks' RNG and data states (:func:`gather_to_rank0`) so one directory holds every rank's position.
+
+Integrity: :func:`verify_checkpoint` re-hashes every file against ``checksums.sha256`` and checks
+that every part a resume needs is there, so flipped bytes, a truncated copy or a deleted file are
+found before anything is loaded. ``resolve_resume("auto")`` moves a checkpoint that fails this
+aside (``checkpoint-N.unusable``, never deleted) with a warning and falls back to the previous one.
+A failed write (a full disk) publishes nothing and raises ``CheckpointWriteError`` naming the file
+and the newest intact checkpoint.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 import pickle
 import platform
@@ -43,8 +53,11 @@ import numpy as np
 import torch
 
 import bertforge
-from bertforge.errors import CheckpointError, ConfigError
-from bertforge.io import fsync_dir, fsync_file, write_text_atomic
+from bertforge.errors import CheckpointError, ConfigError, RunError
+from bertforge.io import (CHECKSUMS_NAME, fsync_dir, fsync_file, read_checksums,
+                          verify_checksums, write_checksums, write_text_atomic)
+
+log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"
 TRAINING_STATE = "training_state"
@@ -52,7 +65,12 @@ TMP_PREFIX = ".tmp-"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 _RNG_RE = re.compile(r"^rng_rank(\d+)\.pt$")
 _DATA_RE = re.compile(r"^data_rank(\d+)\.json$")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums.sha256 and meta["files"]
+UNUSABLE_SUFFIX = ".unusable"
+
+
+class CheckpointWriteError(RunError):
+    """A checkpoint could not be written (e.g. no space left); nothing was published."""
 
 
 # --------------------------------------------------------------------------- durability helpers
@@ -63,6 +81,11 @@ def _fsync_tree(root: Path) -> None:
         for name in filenames:
             fsync_file(os.path.join(dirpath, name))
         fsync_dir(dirpath)
+
+
+def _files(root: Path) -> list[str]:
+    """Every file under ``root``, as '/'-separated paths relative to it."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
 
 def _remove_dir(path: Path) -> None:
@@ -99,23 +122,45 @@ class CheckpointManager:
         # Not tempfile.mkdtemp: it creates mode 0700, and the published checkpoint should get
         # the user's normal permissions so other tools and users can read it.
         tmp = self.output_dir / f"{TMP_PREFIX}checkpoint-{step}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
         final = self.output_dir / f"checkpoint-{step}"
+        old = final.with_name(f"{TMP_PREFIX}replaced-{final.name}-{uuid.uuid4().hex[:8]}")
         try:
+            tmp.mkdir()
             write_fn(tmp)
             _fsync_tree(tmp)
+            write_checksums(tmp, _files(tmp))
             # Written atomically and synced with its directory entry.
             write_text_atomic(tmp / COMPLETE, json.dumps({"step": step}) + "\n")
+            # rename() cannot replace a non-empty directory: move an old one aside first, and
+            # delete it only once the new one is published.
             if final.exists():
-                # rename() cannot replace a non-empty directory: move the old one aside first.
-                _remove_dir(final)
+                os.replace(final, old)
             os.replace(tmp, final)
             fsync_dir(self.output_dir)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not final.exists():
+                os.replace(old, final)  # the new one never got published: keep the old one
+            if isinstance(exc, OSError):
+                raise CheckpointWriteError(self._write_failure(step, tmp, exc)) from exc
             raise
+        shutil.rmtree(old, ignore_errors=True)
         self._prune(protect=final)
         return final
+
+    def _write_failure(self, step: int, tmp: Path, exc: OSError) -> str:
+        """What failed, in which file of the checkpoint, and what is still intact."""
+        where = f"checkpoint-{step}"
+        if exc.filename is not None:
+            try:
+                where += "/" + Path(exc.filename).relative_to(tmp).as_posix()
+            except ValueError:  # a file outside the checkpoint (e.g. the directory itself)
+                where = str(exc.filename)
+        intact = self.latest()
+        kept = f"{intact} is intact" if intact else "no earlier checkpoint exists"
+        return (f"{exc.strerror or exc} writing {where} in {self.output_dir}; nothing of it was "
+                f"published and {kept}. Free space (or fix the file system), then run the same "
+                "command to resume")
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         """Complete checkpoints as (step, path), oldest first (numeric order, so 999 < 1000)."""
@@ -169,41 +214,134 @@ def checkpoint_step(path: Path) -> int:
 
 
 def resolve_resume(resume: Optional[str | os.PathLike], output_dir: str | os.PathLike) -> Optional[Path]:
-    """What to resume from: ``"auto"`` -> newest complete checkpoint in ``output_dir`` (None if
-    there is none, i.e. a fresh start); ``"none"`` -> None; otherwise a checkpoint directory,
-    which must be complete and hold a training state."""
+    """What to resume from, verified with :func:`verify_checkpoint`.
+
+    ``"auto"`` -> the newest complete checkpoint in ``output_dir`` that verifies (None if there is
+    none: a fresh start); a newer one that fails is moved aside as ``checkpoint-N.unusable`` with
+    a warning naming what is wrong and which checkpoint is used instead. ``"none"`` -> None.
+    Otherwise a checkpoint directory, which must be complete and verify. Writer only (rank 0):
+    moving a checkpoint aside changes ``output_dir``.
+    """
     if resume is None or str(resume).strip().lower() == "none":
         return None
     text = str(resume).strip()
     if not text:
         raise ConfigError("resume is empty; use auto, none or the path of a checkpoint directory")
     if text.lower() == "auto":
-        return CheckpointManager(output_dir, keep=0).latest()
+        return _newest_usable(CheckpointManager(output_dir, keep=0))
     path = Path(text).expanduser()
+    _check_resume_path(path)
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as exc:
+        older = [p for _, p in CheckpointManager(path.parent, keep=0).checkpoints() if p != path]
+        also = f"; the newest other complete checkpoint next to it is {older[-1]}" if older else ""
+        raise CheckpointError(f"resume: {exc}{also}") from None
+    return path
+
+
+def _newest_usable(manager: CheckpointManager) -> Optional[Path]:
+    """Newest checkpoint that verifies; the ones after it are moved aside, loudly."""
+    for _, path in reversed(manager.checkpoints()):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as exc:
+            aside = path.with_name(path.name + UNUSABLE_SUFFIX)
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = path.with_name(f"{path.name}{UNUSABLE_SUFFIX}{n}")
+            os.replace(path, aside)
+            left = [p.name for _, p in manager.checkpoints()]
+            log.warning("WARNING: resume=auto cannot use %s: %s. Moved it aside to %s (kept for "
+                        "inspection, never resumed from); %s", path.name, exc, aside.name,
+                        f"falling back to {left[-1]}" if left else
+                        "no other checkpoint is left, so the run starts from scratch")
+    return None
+
+
+def _check_resume_path(path: Path) -> None:
+    """CheckpointError for a ``resume`` path that is not a checkpoint directory at all."""
     hint = "pass a checkpoint-N directory of a previous run, resume=auto or resume=none"
     if not path.exists():
         raise CheckpointError(f"resume: {path} does not exist; {hint}")
     if not path.is_dir():
         raise CheckpointError(f"resume: {path} is a file, not a checkpoint directory; {hint}")
+    if (path / COMPLETE).is_file():
+        return
+    newest = CheckpointManager(path, keep=0).latest()
+    if newest is not None:
+        raise CheckpointError(f"resume: {path} is a run directory, not a checkpoint; pass its "
+                              f"newest checkpoint {newest}, or set output_dir={path} with "
+                              "resume=auto")
+    if not (path / TRAINING_STATE).exists() and (path / "config.json").is_file():
+        raise CheckpointError(f"resume: {path} is a model directory without training state; "
+                              f"to start a new run from its weights use init_from={path}")
+    older = CheckpointManager(path.parent, keep=0).latest()
+    also = f" (the newest complete one next to it is {older})" if older else ""
+    raise CheckpointError(f"resume: {path} is not a complete checkpoint: it has no {COMPLETE} "
+                          f"marker, so its save was interrupted{also}; pass a complete "
+                          "checkpoint or resume=auto, which skips incomplete ones")
+
+
+def verify_checkpoint(path: str | os.PathLike) -> None:
+    """CheckpointError unless ``path`` is complete, intact and holds everything a resume reads.
+
+    Checks the ``COMPLETE`` marker, every file listed in ``checksums.sha256`` (present, same
+    SHA-256: this reads every byte once), and the files ``training_state/meta.json`` says must
+    exist (optimizer, schedule, config, each rank's RNG and data position, the loss scaler).
+    Checkpoints from before checksums (format 1) get the file checks and a warning.
+    """
+    path = Path(path)
     if not (path / COMPLETE).is_file():
-        newest = CheckpointManager(path, keep=0).latest()
-        if newest is not None:
-            raise CheckpointError(f"resume: {path} is a run directory, not a checkpoint; pass its "
-                                  f"newest checkpoint {newest}, or set output_dir={path} with "
-                                  "resume=auto")
-        if not (path / TRAINING_STATE).exists() and (path / "config.json").is_file():
-            raise CheckpointError(f"resume: {path} is a model directory without training state; "
-                                  f"to start a new run from its weights use init_from={path}")
-        older = CheckpointManager(path.parent, keep=0).latest()
-        also = f" (the newest complete one next to it is {older})" if older else ""
-        raise CheckpointError(f"resume: {path} is not a complete checkpoint: it has no {COMPLETE} "
-                              f"marker, so its save was interrupted{also}; pass a complete "
-                              "checkpoint or resume=auto, which skips incomplete ones")
-    if not (path / TRAINING_STATE / "meta.json").is_file():
-        raise CheckpointError(f"resume: {path} has no {TRAINING_STATE}/meta.json, so optimizer, "
-                              "schedule and data position cannot be restored; to start a new run "
-                              f"from its weights use init_from={path}")
-    return path
+        raise CheckpointError(f"{path} has no {COMPLETE} marker: its save was interrupted")
+    try:
+        problems = verify_checksums(path)
+    except FileNotFoundError:
+        log.warning("%s has no %s (written by an older bertforge): its files cannot be verified",
+                    path, CHECKSUMS_NAME)
+        problems = []
+    except (OSError, ValueError) as exc:
+        problems = [f"{CHECKSUMS_NAME} cannot be read ({exc})"]
+    ts = path / TRAINING_STATE
+    if not problems:
+        meta = _load_json(ts / "meta.json") if (ts / "meta.json").is_file() else None
+        problems = [f"{TRAINING_STATE}/{name} is missing" for name in _required_files(meta)
+                    if not (ts / name).is_file()]
+    if problems:
+        shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4
+                                          else "")
+        raise CheckpointError(f"{path} is damaged: {shown}")
+
+
+def verify_model_files(path: str | os.PathLike) -> None:
+    """CheckpointError if the model files of ``path`` (weights, config, tokenizer: everything
+    outside ``training_state/``) fail their recorded checksums. For ``init_from``, which reads
+    only those; a directory without ``checksums.sha256`` (e.g. from transformers) passes."""
+    path = Path(path)
+    try:
+        recorded = read_checksums(path)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}/{CHECKSUMS_NAME} cannot be read ({exc})") from None
+    if recorded is None:
+        return
+    names = [n for n in recorded if not n.startswith(TRAINING_STATE + "/")]
+    problems = verify_checksums(path, names)
+    if problems:
+        raise CheckpointError(f"{path} is damaged: {'; '.join(problems)}")
+
+
+def _required_files(meta: Any) -> list[str]:
+    """Files of ``training_state/`` a resume needs, from its ``meta.json`` (None: missing).
+    Format 2 lists them; format 1 always wrote a scheduler and one RNG and data file per rank."""
+    if not isinstance(meta, dict) or "step" not in meta:
+        return ["meta.json"]
+    if "files" in meta:
+        return ["meta.json", *meta["files"]]
+    ranks = range(int(meta.get("world_size", 1)))
+    return (["meta.json", "optimizer.pt", "scheduler.pt", "config.json"]
+            + [f"rng_rank{r}.pt" for r in ranks] + [f"data_rank{r}.json" for r in ranks])
 
 
 # --------------------------------------------------------------------------- training state
@@ -253,34 +391,81 @@ def save_training_state(
     rng_states = _per_rank("rng_states", rng_states)
     out = Path(directory) / TRAINING_STATE
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(optimizer.state_dict(), out / "optimizer.pt")
+    with_scaler = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
+    _save_pt(optimizer.state_dict(), out / "optimizer.pt")
     if scheduler is not None:
-        torch.save(scheduler.state_dict(), out / "scheduler.pt")
-    if scaler is not None and getattr(scaler, "is_enabled", lambda: True)():
-        torch.save(scaler.state_dict(), out / "scaler.pt")
+        _save_pt(scheduler.state_dict(), out / "scheduler.pt")
+    if with_scaler:
+        _save_pt(scaler.state_dict(), out / "scaler.pt")
     for rank, state in rng_states.items():
-        torch.save(state, out / f"rng_rank{rank}.pt")
+        _save_pt(state, out / f"rng_rank{rank}.pt")
     for rank, state in data_state.items():
         try:
             text = json.dumps(state, indent=1)
         except TypeError as exc:
             raise TypeError(f"data_state of rank {rank} is not JSON-serializable: {exc}") from exc
-        (out / f"data_rank{rank}.json").write_text(text + "\n", encoding="utf-8")
-    (out / "config.json").write_text(json.dumps(dict(config), indent=2, default=str) + "\n",
-                                     encoding="utf-8")
+        _write_text(out / f"data_rank{rank}.json", text + "\n")
+    _write_text(out / "config.json", json.dumps(dict(config), indent=2, default=str) + "\n")
     now = time.time()
     meta = {
         "format_version": FORMAT_VERSION,
         "step": int(step),
         "phase": phase,
         "world_size": max(len(rng_states), len(data_state)),
+        "files": sorted(p.name for p in out.iterdir()),  # what a resume must find
         "time": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
         "unix_time": now,
         "versions": {"bertforge": bertforge.__version__, "torch": torch.__version__,
                      "numpy": np.__version__, "python": platform.python_version()},
     }
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    _write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    with _naming(path):
+        path.write_text(text, encoding="utf-8")
+
+
+def _save_pt(obj: Any, path: Path) -> None:
+    """``torch.save``, but a failed write raises the OSError (e.g. ENOSPC) naming ``path``:
+    torch itself reports it as an opaque ``RuntimeError: ... unexpected pos``."""
+    class Recorder:  # the file object torch writes through; keeps the real error
+        error: Optional[OSError] = None
+
+        def write(self, data: bytes) -> int:
+            try:
+                return f.write(data)
+            except OSError as exc:
+                Recorder.error = exc
+                raise
+
+        def flush(self) -> None:
+            f.flush()
+
+    with _naming(path), open(path, "wb") as f:
+        try:
+            torch.save(obj, Recorder())
+        except RuntimeError:
+            if Recorder.error is not None:
+                raise Recorder.error from None
+            raise
+
+
+class _naming:
+    """Give OSErrors raised inside the block ``path`` as their file name (errors of writes to an
+    already open file carry none), so a full disk is reported with the file it hit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(self.path)
+        return False
 
 
 def _load_pt(path: Path, map_location: Any) -> Any:
@@ -315,11 +500,9 @@ def load_training_state(directory: str | os.PathLike, map_location: Any = "cpu")
                               "resumable checkpoint; pass a checkpoint-N directory written by "
                               "bertforge, or use init_from to load only its weights")
     meta = _load_json(ts / "meta.json")
-    if not isinstance(meta, dict) or "step" not in meta:
-        raise CheckpointError(f"{ts / 'meta.json'}: has no 'step'; the checkpoint is damaged. "
-                              "Resume from an older checkpoint or with resume=none.")
-    if not (ts / "optimizer.pt").is_file():
-        raise CheckpointError(f"{ts}: optimizer.pt is missing; the checkpoint is damaged. "
+    missing = [name for name in _required_files(meta) if not (ts / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{ts}: {', '.join(missing)} missing; the checkpoint is damaged. "
                               "Resume from an older checkpoint or with resume=none.")
 
     def optional_pt(name: str) -> Optional[Any]:
@@ -339,7 +522,7 @@ def load_training_state(directory: str | os.PathLike, map_location: Any = "cpu")
         scaler=optional_pt("scaler.pt"),
         data_state=data_state,
         rng_states=rng_states,
-        config=_load_json(ts / "config.json") if (ts / "config.json").is_file() else {},
+        config=_load_json(ts / "config.json"),
         meta=meta,
     )
 

@@ -34,6 +34,11 @@ class PretrainData:
     tokenizer: Any                  # BertTokenizer saved with checkpoints, or None
 
     @property
+    def vocab_tokens(self) -> tuple[str, ...] | None:
+        """The data's vocabulary in id order (None for hdf5 data, which records none)."""
+        return None if self.tokenizer is None else self.tokenizer.vocab
+
+    @property
     def has_validation(self) -> bool:
         return self.validation is not None
 
@@ -60,6 +65,13 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
     if not cfg.data.path:
         raise ConfigError("data.path is not set: give --data.path=DIR (a `bertforge prepare` "
                           "output or NVIDIA/Google hdf5 shards)")
+    per_step, batch = cfg.train.micro_batch_size * info.world_size, cfg.train.global_batch_size
+    if batch % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={batch} is not a multiple of train.micro_batch_size="
+            f"{cfg.train.micro_batch_size} x {info.world_size} ranks = {per_step}; choose a "
+            f"multiple of {per_step} (e.g. {max(1, round(batch / per_step)) * per_step}) or "
+            "another micro-batch size")
     path = Path(cfg.data.path)
     manifest = native.read_manifest(path, native_only=False) if (
         path.is_dir() and (path / native.MANIFEST_NAME).is_file()) else {}

@@ -2,19 +2,32 @@
 
 The model knows nothing of this: ``init_distributed`` reads torchrun's environment, and
 ``wrap_ddp`` applies DDP from outside. NCCL on GPUs, gloo on CPU.
+
+A rank that stops answering (stopped, hung, its node gone) must not hang the others for long:
+every collective waits at most the process group's timeout (``train.dist_timeout_s``), then
+raises; :func:`collective_failure` turns that into one error line per rank. Work that only rank
+0 should do but every rank depends on goes through :func:`on_rank0`, which hands rank 0's result
+*or its error* to every rank, so no rank waits for an answer that never comes.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import re
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import ContextManager
+from typing import Callable, ContextManager, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from bertforge.errors import CollectiveTimeout, RunError, UserError
+
+T = TypeVar("T")
+GLOO_TIMEOUT_S = 300.0   # CPU runs: a few minutes is long enough for any collective we issue
+NCCL_TIMEOUT_S = 600.0   # torch's own NCCL default; a big checkpoint save waits at a barrier
 
 
 @dataclass(frozen=True)
@@ -33,10 +46,11 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(device: str | None = None) -> DistInfo:
+def init_distributed(device: str | None = None, timeout_s: float | None = None) -> DistInfo:
     """Join the process group torchrun describes (WORLD_SIZE > 1), else run alone.
 
     ``device`` forces "cpu" or "cuda"; by default CUDA is used when present, one GPU per local rank.
+    ``timeout_s`` bounds every collective (default: 300 s with gloo, 600 s with NCCL).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -46,8 +60,9 @@ def init_distributed(device: str | None = None) -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
+        seconds = timeout_s or (NCCL_TIMEOUT_S if use_cuda else GLOO_TIMEOUT_S)
         dist.init_process_group(backend="nccl" if use_cuda else "gloo",
-                                timeout=datetime.timedelta(minutes=30))
+                                timeout=datetime.timedelta(seconds=seconds))
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
 
 
@@ -89,3 +104,58 @@ def barrier() -> None:
 def cleanup() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def on_rank0(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and give every rank its result, or raise its error everywhere.
+
+    For decisions that read or change shared files once (which checkpoint to resume from). An
+    error that is not a ``UserError``/``RunError`` is re-raised as is on rank 0 and reaches the
+    other ranks as a ``RunError`` naming it, instead of leaving them waiting for a broadcast.
+    """
+    if not dist.is_initialized():
+        return fn()
+    payload: list = [None]
+    failure: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            payload[0] = ("ok", fn())
+        except BaseException as exc:  # noqa: BLE001 (re-raised below, after telling the others)
+            failure = exc
+            shareable = exc if isinstance(exc, (UserError, RunError)) else RunError(
+                f"rank 0 failed ({type(exc).__name__}: {exc}); see its output")
+            payload[0] = ("error", shareable)
+    dist.broadcast_object_list(payload, src=0)
+    if failure is not None:
+        raise failure
+    kind, value = payload[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+# What gloo and NCCL say when a peer does not answer in time or has gone away.
+_COLLECTIVE_FAILURE = re.compile(r"timed out|timeout|connection closed by peer|connection reset|"
+                                 r"pair closure|watchdog", re.IGNORECASE)
+_RANK_IN_MESSAGE = re.compile(r"\b[Rr]ank (\d+)\b")
+
+
+def collective_failure(exc: BaseException, info: DistInfo,
+                       timeout_s: float | None) -> CollectiveTimeout | None:
+    """A one-line ``CollectiveTimeout`` for an error raised by a collective whose peer stopped
+    responding (None for any other error). Names the unresponsive rank when torch's message
+    does, or when there is only one other rank."""
+    if not info.distributed or not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc)
+    if not _COLLECTIVE_FAILURE.search(text):
+        return None
+    named = [int(r) for r in _RANK_IN_MESSAGE.findall(text) if int(r) != info.rank]
+    peer = (f"rank {named[0]}" if named else f"rank {1 - info.rank}" if info.world_size == 2
+            else "another rank")
+    seconds = timeout_s or (NCCL_TIMEOUT_S if info.device.type == "cuda" else GLOO_TIMEOUT_S)
+    said = " ".join(text.split())[:200]
+    return CollectiveTimeout(
+        f"rank {info.rank}: {peer} stopped responding: a collective waited up to {seconds:g} s "
+        f"(train.dist_timeout_s) and failed ({said}). Checkpoints written so far are intact; "
+        "once every rank is running again, restart the same command to resume")

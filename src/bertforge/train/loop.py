@@ -20,8 +20,10 @@ from typing import Callable, Iterable, Iterator, Protocol
 import torch
 from torch import nn
 
+from bertforge.errors import TrainingDiverged
 from bertforge.optim.lamb import clip_grad_norm_, global_grad_norm
 from bertforge.train.distributed import DistInfo, all_reduce_sum, any_rank, no_sync
+from bertforge.signals import STOP_SIGNALS
 from bertforge.train.precision import Precision
 
 # loss_fn(model, batch) -> (loss to backpropagate, stats). Stats are per-micro-batch tensors that
@@ -103,12 +105,13 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 class PreemptionFlag:
-    """SIGTERM / SIGUSR1 set a flag; the loop saves at the next step boundary and exits cleanly."""
+    """SIGTERM / SIGUSR1 set a flag; the loop saves at the next step boundary and exits cleanly.
+    Outside the loop the previous handlers apply (``bertforge.signals.raise_on_stop``)."""
 
     def __init__(self) -> None:
         self.requested = False
         self._previous = {}
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 (signal API)
@@ -137,6 +140,7 @@ class LoopConfig:
     checkpoint_every: int
     eval_every: int = 0
     clip_norm: float = 0.0
+    max_skipped_steps: int = 20  # consecutive non-finite steps before TrainingDiverged
 
 
 @dataclass
@@ -157,7 +161,12 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
 
     def fit(self, batches: Iterable[dict], start_step: int = 0) -> LoopResult:
-        cfg, step, skipped = self.cfg, start_step, 0
+        """Train from ``start_step`` to ``cfg.max_steps`` (or a preemption request).
+
+        Raises ``TrainingDiverged`` after ``cfg.max_skipped_steps`` consecutive skipped steps,
+        and when every step of this call was skipped, before checkpointing that step.
+        """
+        cfg, step, skipped, streak = self.cfg, start_step, 0, 0
         window: dict[str, torch.Tensor] = {}
         window_steps, window_seqs, window_tokens = 0, 0, 0
         t0 = time.perf_counter()
@@ -176,10 +185,12 @@ class Trainer:
                                  self.precision, self.params, cfg.clip_norm)
                 step += 1
                 skipped += out.skipped
+                streak = streak + 1 if out.skipped else 0
                 if out.skipped:
                     scale = self.precision.scaler
                     self.hooks.on_skip(step, "non-finite gradients, weights not updated" + (
                         f"; loss scale now {scale.get_scale():g}" if scale is not None else ""))
+                    self._check_divergence(step, streak, start_step, out)
                 for name, value in {**out.stats, "grad_norm": out.grad_norm}.items():
                     window[name] = window.get(name, 0.0) + value
                 window_steps += 1
@@ -216,6 +227,20 @@ class Trainer:
             preempt.restore()
         result.step, result.skipped_steps = step, skipped
         return result
+
+    def _check_divergence(self, step: int, streak: int, start_step: int, out: StepResult) -> None:
+        """Stop a run that no longer learns: too many skips in a row, or nothing but skips."""
+        all_skipped = step == self.cfg.max_steps and streak == step - start_step
+        if streak < self.cfg.max_skipped_steps and not all_skipped:
+            return
+        loss = out.stats.get("loss")
+        seen = f" (last loss {float(loss):.4g})" if loss is not None else ""
+        what = (f"all {streak} steps of this run" if all_skipped and
+                streak < self.cfg.max_skipped_steps else f"{streak} consecutive steps")
+        raise TrainingDiverged(
+            f"training diverged at step {step}: {what} had non-finite gradients{seen} and left "
+            "the weights untouched. Lower optim.lr, check the data, or use bf16 instead of "
+            f"fp16; train.max_skipped_steps (now {self.cfg.max_skipped_steps}) sets the limit")
 
     def _reduce(self, window: dict[str, torch.Tensor], n: int) -> dict[str, float]:
         """Mean over the window's steps and over ranks (a sync, at log intervals only)."""

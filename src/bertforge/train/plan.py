@@ -60,8 +60,7 @@ def plan_batch(*, model: str, seq_len: int, gpus: int, gpu_memory_gib: float,
         raise ConfigError(f"sequence length {seq_len} exceeds {model}'s max_position_embeddings "
                           f"({cfg.max_position_embeddings}); plan for at most that many tokens")
     h, layers, v = cfg.hidden_size, cfg.num_hidden_layers, cfg.padded_vocab_size
-    params = (v + cfg.max_position_embeddings + cfg.type_vocab_size) * h + layers * (
-        4 * h * h + 2 * h * cfg.intermediate_size) + 2 * h * h
+    params = cfg.num_parameters()
     preds = max_predictions if max_predictions is not None else max(1, round(0.15 * seq_len))
     act_bytes = 2 if precision in ("bf16", "fp16") else 4
     per_seq = layers * 34 * seq_len * h * act_bytes / 2 + preds * v * (act_bytes + 4)

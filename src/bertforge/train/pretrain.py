@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.config import PretrainConfig, save_config, to_dict
-from bertforge.errors import ConfigError
+from bertforge.errors import ConfigError, RunError, TrainingDiverged
+from bertforge.io import ensure_writable_dir
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.optim.param_groups import needs_external_clipping
+from bertforge.signals import Stopped, raise_on_stop
 from bertforge.train import benchmark as bench
-from bertforge.train.checkpoint import (CheckpointManager, checkpoint_step, gather_to_rank0,
-                                        load_training_state, resolve_resume,
-                                        save_training_state)
+from bertforge.train.checkpoint import (TRAINING_STATE, CheckpointManager, CheckpointWriteError,
+                                        checkpoint_step, gather_to_rank0, load_training_state,
+                                        resolve_resume, save_training_state, verify_model_files)
 from bertforge.train.data import PretrainData, open_pretrain_data
-from bertforge.train.distributed import (DistInfo, all_reduce_sum, barrier, cleanup,
-                                         init_distributed, wrap_ddp)
+from bertforge.train.distributed import (DistInfo, all_reduce_sum, any_rank, barrier, cleanup,
+                                         collective_failure, init_distributed, on_rank0, wrap_ddp)
+from bertforge.train.guards import (check_model_fits, check_vocab, explain_oom, nonfinite_summary,
+                                    optimizer_tensors, refuse_nonfinite)
 from bertforge.train.loop import Hooks, LoopConfig, Trainer, to_device
 from bertforge.train.precision import build_precision
 from bertforge.train.rng import capture_rng_state, restore_rng_state
@@ -87,22 +92,29 @@ class PretrainResult:
     validation: dict = field(default_factory=dict)
 
 
-def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | None) -> nn.Module:
+def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | None,
+                device: torch.device) -> nn.Module:
     """The checkpoint being resumed, else ``init_from`` weights, else a fresh model.
 
-    A fresh model takes vocabulary size, casing and [PAD] id from the prepared data.
+    A fresh model takes vocabulary size, casing and [PAD] id from the prepared data. Weights
+    from a checkpoint must match the data's vocabulary (by content) and be finite.
     """
     from bertforge.models import BertConfig, BertForMaskedLM, BertForPreTraining
 
     cls = BertForPreTraining if data.has_pairs else BertForMaskedLM
-    source = resume_from or cfg.init_from
-    if source:
-        model = cls.from_pretrained(source)
-        if data.vocab_size and model.config.vocab_size != data.vocab_size:
+    source = resume_from or (Path(cfg.init_from) if cfg.init_from else None)
+    if source is not None:
+        if source != resume_from:  # a resume was verified whole by resolve_resume
+            verify_model_files(source)
+        config = BertConfig.load(source)
+        if data.vocab_size and config.vocab_size != data.vocab_size:
             raise ConfigError(
-                f"{source} has vocab_size {model.config.vocab_size} but the data at "
+                f"{source} has vocab_size {config.vocab_size} but the data at "
                 f"{cfg.data.path} was prepared with {data.vocab_size} tokens; prepare the data "
                 f"with the model's vocab")
+        if not check_vocab(source, data.vocab_tokens, cfg.data.path):
+            log.warning("cannot compare the vocabulary of %s with the data's (one side has no "
+                        "vocab.txt/tokenizer.json); only the sizes were checked", source)
     else:
         overrides: dict[str, Any] = {}
         if data.vocab_size:
@@ -111,15 +123,32 @@ def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | Non
             overrides["do_lower_case"] = data.do_lower_case
         if data.pad_id is not None:
             overrides["pad_token_id"] = data.pad_id
-        torch.manual_seed(cfg.train.seed)
-        model = cls(BertConfig.load(cfg.model).replace(**overrides))
-    positions = model.config.max_position_embeddings
+        config = BertConfig.load(cfg.model).replace(**overrides)
+    positions = config.max_position_embeddings
     if data.max_seq_length and data.max_seq_length > positions:
         raise ConfigError(
             f"the data at {cfg.data.path} has sequences of up to {data.max_seq_length} tokens but "
             f"the model has {positions} positions; prepare with --max-seq-length {positions} or "
             f"use a model with more positions")
-    return model
+    name = str(source or cfg.model)
+    check_model_fits(config, device, name)
+    with explain_oom(config, device, name):
+        if source is not None:
+            model = cls.from_pretrained(source)
+            refuse_nonfinite(model.named_parameters(), source / "model.safetensors",
+                             _older_checkpoint_hint(source))
+        else:
+            torch.manual_seed(cfg.train.seed)
+            model = cls(config)
+        return model.to(device)
+
+
+def _older_checkpoint_hint(source: Path) -> str:
+    """What to do instead of using ``source``: its run's previous complete checkpoint, if any."""
+    older = [p for _, p in CheckpointManager(source.parent, keep=0).checkpoints() if p != source]
+    if older:
+        return f"Resume from the previous complete checkpoint instead: resume={older[-1]}"
+    return "Start from another checkpoint, or from scratch with resume=none"
 
 
 # Settings that define a run's trajectory: resuming with other values would silently train
@@ -154,26 +183,43 @@ def check_resume_compatible(saved: dict, cfg: PretrainConfig, source: Path) -> N
 
 
 def pretrain(cfg: PretrainConfig, benchmark: bool = False) -> PretrainResult | dict:
-    info = init_distributed()
-    try:
-        result = _pretrain(cfg, info, benchmark)
-        # Leave together: a rank that tears down its process group while rank 0 still writes
-        # the summary and plot can abort inside gloo at exit.
-        barrier()
-        return result
-    finally:
-        cleanup()
+    """Run (or benchmark) pretraining as ``cfg`` says; see docs/pretraining.md.
+
+    SIGTERM/SIGUSR1 during the train loop save a checkpoint and return (``preempted``); outside
+    it (start-up, the final evaluation) they raise ``bertforge.signals.Stopped`` at once.
+    """
+    with raise_on_stop():
+        info = init_distributed(timeout_s=cfg.train.dist_timeout_s)
+        try:
+            result = _pretrain(cfg, info, benchmark)
+            # Leave together: a rank that tears down its process group while rank 0 still
+            # writes the summary and plot can abort inside gloo at exit.
+            barrier()
+            return result
+        except RuntimeError as exc:
+            failure = collective_failure(exc, info, cfg.train.dist_timeout_s)
+            if failure is None:
+                raise
+            raise failure from exc
+        except Stopped:
+            if info.is_main:
+                log.warning("pretrain: stopped outside the train loop; checkpoints already in "
+                            "%s are intact, run the same command to continue", cfg.output_dir)
+            raise
+        finally:
+            cleanup()
 
 
 def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainResult | dict:
     out = Path(cfg.output_dir)
     data = open_pretrain_data(cfg, info)
+    if not benchmark:  # before the model is built: a run must be able to save what it computes
+        ensure_writable_dir(out, "output_dir")
     manager = CheckpointManager(out, keep=cfg.checkpoint.keep)
-    resume_from = None if benchmark else resolve_resume(cfg.resume, out)
-    model = build_model(cfg, data, resume_from)
+    resume_from = None if benchmark else on_rank0(lambda: resolve_resume(cfg.resume, out))
+    model = build_model(cfg, data, resume_from, info.device)
     if cfg.train.gradient_checkpointing:
         model.bert.encoder.gradient_checkpointing = True
-    model.to(info.device)
     # Weights are initialised from the same seed on every rank (DDP also broadcasts them); from
     # here on each rank draws its own dropout masks, as rank-seeded generators.
     torch.manual_seed(cfg.train.seed + info.rank)
@@ -187,6 +233,9 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
         state = load_training_state(resume_from, map_location=info.device)
         check_resume_compatible(state.config, cfg, resume_from)
         optimizer.load_state_dict(state.optimizer)
+        refuse_nonfinite(optimizer_tensors(optimizer),
+                         resume_from / TRAINING_STATE / "optimizer.pt",
+                         _older_checkpoint_hint(resume_from))
         scheduler.load_state_dict(state.scheduler)
         if precision.scaler is not None and state.scaler:
             precision.scaler.load_state_dict(state.scaler)
@@ -205,7 +254,8 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
         max_steps=cfg.train.max_steps, accumulation=data.train.accumulation_steps,
         log_every=cfg.train.log_every, checkpoint_every=cfg.checkpoint.every,
         eval_every=cfg.train.eval_every if data.has_validation else 0,
-        clip_norm=cfg.optim.max_grad_norm if needs_external_clipping(optimizer) else 0.0)
+        clip_norm=cfg.optim.max_grad_norm if needs_external_clipping(optimizer) else 0.0,
+        max_skipped_steps=cfg.train.max_skipped_steps)
 
     if benchmark:
         return bench.run(wrapped, model, optimizer, scheduler, precision, pretraining_loss,
@@ -222,8 +272,17 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
     saved: list[Path] = []  # paths of this run's checkpoints, newest last
 
     def save_checkpoint(step: int) -> None:
+        # Every rank holds the same weights and optimizer state, so every rank reaches the same
+        # verdict here without talking to the others.
+        problem = nonfinite_summary(chain(model.named_parameters(), optimizer_tensors(optimizer)))
+        if problem:
+            raise TrainingDiverged(
+                f"at step {step} the weights or optimizer state hold {problem}; refusing to "
+                f"save them. The newest checkpoint, {manager.latest() or '(none yet)'}, is "
+                "intact; lower optim.lr or check the data before resuming")
         data_states = gather_to_rank0(data.train.state_dict())
         rng_states = gather_to_rank0(capture_rng_state())
+        failure: BaseException | None = None
         if info.is_main:
             def write(tmp: Path) -> None:
                 model.save_pretrained(tmp, tokenizer=data.tokenizer)
@@ -231,9 +290,15 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
                     tmp, optimizer=optimizer, scheduler=scheduler,
                     scaler=precision.scaler, step=step, phase=cfg.phase, data_state=data_states,
                     rng_states=rng_states, config=to_dict(cfg))
-            saved.append(manager.save(step, write))
-            logger.write(f"saved {saved[-1]}")
-        barrier()
+            try:
+                saved.append(manager.save(step, write))
+                logger.write(f"saved {saved[-1]}")
+            except CheckpointWriteError as exc:
+                failure = exc
+        # In place of a barrier: every rank learns whether rank 0's save failed, and stops too.
+        if any_rank(failure is not None, info.device):
+            raise failure or RunError(f"rank 0 could not write checkpoint-{step} (see its "
+                                      "message); checkpoints written before it are intact")
 
     last_eval: dict[int, dict] = {}  # step -> metrics of the latest evaluation
 
@@ -254,7 +319,14 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
         # A rank the saving run did not have keeps its seeded generators.
         restore_rng_state(state.rng_states[info.rank], source=str(resume_from))
     t0 = time.perf_counter()
-    result = trainer.fit(data.train, start_step=start_step)
+    try:
+        result = trainer.fit(data.train, start_step=start_step)
+    except BaseException as exc:
+        logger.close()  # end the progress bar (and flush the logs) before the error is shown
+        if isinstance(exc, TrainingDiverged):
+            raise TrainingDiverged(f"{exc}. The newest checkpoint, "
+                                   f"{manager.latest() or '(none yet)'}, is intact") from None
+        raise
     elapsed = time.perf_counter() - t0
 
     validation: dict = {}

@@ -1,7 +1,10 @@
 """What a run tells its user: progress bar, JSON-lines metrics, TensorBoard, loss-curve PNG.
 
-Only rank 0 writes. A resumed run continues the same metrics file
-(and TensorBoard log) from its starting step; lines beyond it are dropped.
+Only rank 0 writes. A resumed run continues the same metrics file (and TensorBoard log) from its
+starting step; lines beyond it are dropped. The history a run keeps is rewritten atomically (temp
+file + rename) before anything is appended, and every new line is flushed as it is written, so a
+kill at any moment loses at most the line being written. A damaged line (a partial write from a
+full disk or a kill mid-line) is dropped with a warning naming it; it never blocks a run.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import math
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from bertforge.io import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +33,12 @@ class RunLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Lines past the starting step come from a run that died after its last checkpoint (or
-        # from an earlier run in this directory): the resumed run rewrites them.
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= start_step]
-        self._file = self.path.open("w")
-        for record in kept:
-            self._file.write(json.dumps(record) + "\n")
+        # from an earlier run in this directory): the resumed run drops them, atomically, and
+        # appends from there.
+        if self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r["step"] <= start_step]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._file = self.path.open("a", encoding="utf-8")
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
                          dynamic_ncols=True)
         if tensorboard:
@@ -68,6 +74,7 @@ class RunLogger:
             tqdm.write(text)
 
     def close(self) -> None:
+        """Close the file, bar and TensorBoard writer; safe to call more than once."""
         if not self.enabled:
             return
         self._file.close()
@@ -75,13 +82,33 @@ class RunLogger:
             self._bar.close()
         if self._tb is not None:
             self._tb.close()
+        self._bar = self._tb = None
 
 
 def read_metrics(path: Path) -> list[dict]:
-    if not Path(path).exists():
+    """The records of a metrics.jsonl: JSON objects with an integer ``step``.
+
+    Any other line (cut short by a full disk or a kill, or edited by hand) is skipped with a
+    warning naming its line number, so a damaged file never stops a run or a plot.
+    """
+    path = Path(path)
+    if not path.exists():
         return []
-    with Path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+    records = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict) or type(record.get("step")) is not int:
+                log.warning("%s:%d: not a complete metrics record (a write cut short?); "
+                            "dropped", path, lineno)
+                continue
+            records.append(record)
+    return records
 
 
 def plot_loss_curve(metrics_path: Path, png_path: Path) -> Path | None:

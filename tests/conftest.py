@@ -1,4 +1,5 @@
-"""Shared, session-scoped inputs of the pretraining tests: a vocab, prepared data and tiny models.
+"""Shared, session-scoped inputs of the pretraining and fault-injection tests: a vocab, prepared data
+and tiny models.
 
 The data is built once per test session (well under a second) from tests/assets/tiny_corpus.txt:
 a WordPiece vocab of the corpus (~460 tokens), native shards with sequences of at most 32 tokens,
@@ -18,11 +19,12 @@ import pytest
 import torch
 
 from bertforge.config import PretrainConfig, load_config
+from bertforge.recipes import resolve_recipe
 from bertforge.train.run_log import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "assets" / "tiny_corpus.txt"
-DEBUG_RECIPE = ROOT / "configs" / "debug" / "tiny-cpu.yaml"
+DEBUG_RECIPE = resolve_recipe("debug/tiny-cpu")
 
 # Keys of a metrics line that measure wall-clock speed, so differ between identical runs.
 TIMING_KEYS = ("seq_per_s", "tokens_per_s")
@@ -110,3 +112,27 @@ def run_metrics() -> Callable[..., list[dict]]:
         return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
     return read
+
+
+@pytest.fixture(scope="session")
+def stop_after() -> Callable[[int], type]:
+    """``monkeypatch.setattr(bertforge.train.loop, "PreemptionFlag", stop_after(k))``: a stand-in
+    for the loop's preemption flag that reports a request at the loop's ``k``-th poll, as if
+    SIGTERM had arrived during the ``k``-th step of the run."""
+
+    def make(step: int) -> type:
+        class StopAfter:
+            def __init__(self) -> None:
+                self.polls = 0
+
+            @property
+            def requested(self) -> bool:
+                self.polls += 1
+                return self.polls >= step
+
+            def restore(self) -> None:
+                pass
+
+        return StopAfter
+
+    return make

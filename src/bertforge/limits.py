@@ -1,0 +1,79 @@
+"""The allowed values of user-facing settings, in one torch-free place.
+
+The config layer checks user input against these once, when a run is configured, and names the
+config key (``ConfigError``); library classes (``Lamb``, the schedules, the loader, masking) check
+their own arguments against the same objects and name their own parameter (``ValueError``). One
+definition, two callers, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+OPTIMIZERS = ("lamb", "adamw")
+SCHEDULES = ("poly", "linear", "constant")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Range:
+    """A closed or half-open interval of finite numbers; ``None`` leaves a side unbounded."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not math.isfinite(value):  # inf, -inf and nan are never a setting
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else "finite"
+        left = "(" if self.low_open else "["
+        right = ")" if self.high_open else "]"
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        return f"in {left}{low}, {self.high:g}{right}"
+
+    def check(self, value: Any, name: str, error: type[Exception] = ValueError) -> None:
+        """Raise ``error`` naming ``name`` unless ``value`` is a finite number in the range."""
+        if value not in self:
+            raise error(f"{name} must be a finite number {self}, got {value!r}")
+
+
+# Optimizer. No BERT recipe goes near lr 1 (NVIDIA's LAMB: 6e-3 at batch 64k); the bound stops an
+# overflow (1e39 is past float32) or a typo (1e30) from reaching the weights.
+LEARNING_RATE = Range(0.0, 10.0, low_open=True)
+BETA = Range(0.0, 1.0, high_open=True)
+EPS = Range(0.0, 1.0, low_open=True)
+WEIGHT_DECAY = Range(0.0, 1.0)
+MAX_GRAD_NORM = Range(0.0)  # 0 turns clipping off
+WARMUP = Range(0.0, 1.0, high_open=True)  # a fraction of the steps
+POWER = Range(0.0, 100.0, low_open=True)
+
+# Data.
+MASKED_LM_PROB = Range(0.0, 1.0, low_open=True, high_open=True)
+FRACTION = Range(0.0, 1.0, high_open=True)  # e.g. the validation fraction of `prepare`
+
+# Distributed: seconds a collective may wait for the other ranks.
+DIST_TIMEOUT_S = Range(0.0, 24 * 3600.0, low_open=True)
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...],
+                 error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` naming ``name`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise error(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+__all__ = ["BETA", "DIST_TIMEOUT_S", "EPS", "FRACTION", "LEARNING_RATE", "MASKED_LM_PROB",
+           "MAX_GRAD_NORM", "OPTIMIZERS", "POWER", "PRECISIONS", "Range", "SCHEDULES", "WARMUP",
+           "WEIGHT_DECAY", "check_choice"]

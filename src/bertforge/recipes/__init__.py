@@ -1,0 +1,43 @@
+"""The YAML recipes shipped inside the package, found by name (``bert-large-phase1``) or by path.
+
+They are package data rather than a top-level ``configs/`` folder so that an installed wheel has
+them too: ``bertforge pretrain --config bert-large-phase1`` and ``bertforge demo`` work from any
+directory. Torch-free on purpose: the CLI resolves and loads a config before importing torch, so a
+mistyped name fails at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertforge.errors import ConfigError
+
+__all__ = ["RECIPES_DIR", "list_recipes", "resolve_recipe"]
+
+# Wheels and editable installs both put the package on disk as plain files, so this is a real
+# directory whose files can be opened (and copied by users who want to edit one).
+RECIPES_DIR = Path(__file__).resolve().parent
+_SUFFIX = ".yaml"
+
+
+def list_recipes() -> list[str]:
+    """Recipe names with their folder and without ``.yaml``, e.g. ``pretrain/bert-large-phase1``."""
+    return sorted(p.relative_to(RECIPES_DIR).with_suffix("").as_posix()
+                  for p in RECIPES_DIR.rglob(f"*{_SUFFIX}"))
+
+
+def resolve_recipe(name_or_path: str | Path) -> Path:
+    """An existing file as given; otherwise a recipe's file, named with or without its folder and
+    ``.yaml`` (``tiny-cpu``, ``debug/tiny-cpu.yaml``). Anything else is a ``ConfigError``."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    name = str(name_or_path).removesuffix(_SUFFIX)
+    names = list_recipes()
+    for recipe in names:
+        if name in (recipe, recipe.rsplit("/", 1)[-1]):
+            return RECIPES_DIR / f"{recipe}{_SUFFIX}"
+    # Starts as load_config's own message for a missing file, which is what most typos are.
+    raise ConfigError(
+        f"config file not found: {name_or_path} is neither an existing file nor a recipe name; "
+        f"recipes (folder and .yaml optional): {', '.join(names)}")

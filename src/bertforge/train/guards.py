@@ -1,0 +1,152 @@
+"""Checks that keep bad values out of a run and out of its checkpoints.
+
+* :func:`count_nonfinite` / :func:`refuse_nonfinite`: NaN or inf in weights or optimizer state,
+  refused when loading (a damaged or diverged checkpoint) and before saving (never publish one).
+* :func:`check_vocab`: a checkpoint's vocabulary against the prepared data's, by content, not
+  only by size (two vocabularies of 30522 tokens are rarely the same vocabulary).
+* :func:`check_model_fits` / :func:`explain_oom`: a model too large for the machine fails with
+  what was asked and what it needs instead of an allocator traceback or the OOM killer.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+from bertforge.errors import CheckpointError, ConfigError
+from bertforge.tokenization import read_vocab_tokens, vocab_hash
+
+GIB = 2**30
+# fp32 weights, gradients and the optimizer's two moments (LAMB and AdamW alike).
+TRAINING_BYTES_PER_PARAMETER = 16
+_LISTED = 3
+
+
+def count_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, list[str]]:
+    """(number of NaN/inf values, names of the tensors holding them) over floating tensors.
+
+    Counts are summed on each tensor's device and read back together: one host sync per
+    device, not one per tensor, so a BERT-large check costs milliseconds.
+    """
+    names: list[str] = []
+    counts: list[torch.Tensor] = []
+    for name, tensor in named:
+        if torch.is_tensor(tensor) and tensor.is_floating_point():
+            names.append(name)
+            counts.append(torch.isfinite(tensor).logical_not().sum())
+    if not counts:
+        return 0, []
+    by_device: dict[torch.device, list[int]] = {}
+    for i, c in enumerate(counts):
+        by_device.setdefault(c.device, []).append(i)
+    values = [0] * len(counts)
+    for idx in by_device.values():
+        for i, v in zip(idx, torch.stack([counts[i] for i in idx]).tolist()):
+            values[i] = int(v)
+    bad = [n for n, v in zip(names, values) if v]
+    return sum(values), bad
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
+    """``("state[i].exp_avg", tensor)`` for every tensor of the optimizer's state."""
+    for i, state in enumerate(optimizer.state.values()):
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                yield f"state[{i}].{key}", value
+
+
+def nonfinite_summary(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """A line such as "12 non-finite values in 2 tensor(s) (a, b)"; None if all are finite."""
+    count, bad = count_nonfinite(named)
+    if not count:
+        return None
+    shown = ", ".join(bad[:_LISTED]) + (", ..." if len(bad) > _LISTED else "")
+    return f"{count:,} non-finite values in {len(bad)} tensor(s) ({shown})"
+
+
+def refuse_nonfinite(named: Iterable[tuple[str, torch.Tensor]], source: str | Path,
+                     remedy: str) -> None:
+    """``CheckpointError`` naming ``source`` when any tensor holds NaN or inf."""
+    problem = nonfinite_summary(named)
+    if problem:
+        raise CheckpointError(f"{source} holds {problem}; refusing to train from it. {remedy}")
+
+
+def check_vocab(source: Path, data_tokens: tuple[str, ...] | None, data_path: str) -> bool:
+    """ConfigError when the tokenizer saved in ``source`` differs from the data's vocabulary.
+
+    Returns False (nothing compared) when either side has no vocabulary to compare: NVIDIA/Google
+    hdf5 data, or a model directory without vocab.txt/tokenizer.json.
+    """
+    theirs = read_vocab_tokens(source)
+    if data_tokens is None or theirs is None:
+        return False
+    if vocab_hash(theirs) == vocab_hash(data_tokens):
+        return True
+    first = next((i for i, (a, b) in enumerate(zip(theirs, data_tokens)) if a != b),
+                 min(len(theirs), len(data_tokens)))
+    raise ConfigError(
+        f"{source} was trained with another vocabulary than the data at {data_path}: "
+        f"{len(theirs)} vs {len(data_tokens)} tokens, first difference at id {first} "
+        f"({_token_at(theirs, first)} in the checkpoint, {_token_at(data_tokens, first)} in the "
+        "data; sha256 "
+        f"{vocab_hash(theirs)[:12]} vs {vocab_hash(data_tokens)[:12]}). Prepare the data with the "
+        f"checkpoint's vocabulary (--vocab {source}), or start from a checkpoint trained on this one")
+
+
+def _token_at(tokens: Sequence[str], i: int) -> str:
+    return repr(tokens[i]) if i < len(tokens) else "(none)"
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of ``device`` (GPU memory, or the machine's RAM for the CPU), if known."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
+
+
+def _shape(config) -> str:
+    return (f"hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
+            f"num_hidden_layers={config.num_hidden_layers}, vocab_size={config.vocab_size}")
+
+
+def check_model_fits(config, device: torch.device, model: str) -> None:
+    """ConfigError when training ``config`` cannot fit in ``device``'s memory at all."""
+    params = config.num_parameters()
+    need = params * TRAINING_BYTES_PER_PARAMETER
+    have = device_memory_bytes(device)
+    if have is not None and need > have:
+        raise ConfigError(
+            f"model {model} ({_shape(config)}) has {params:,} parameters; training it needs at "
+            f"least {need / GIB:,.1f} GiB for weights, gradients and optimizer moments "
+            f"({TRAINING_BYTES_PER_PARAMETER} bytes per parameter) but the {device.type} has "
+            f"{have / GIB:,.1f} GiB. Choose a smaller model")
+
+
+@contextmanager
+def explain_oom(config, device: torch.device, model: str) -> Iterator[None]:
+    """Turn an allocation failure while building or moving the model into a ConfigError that
+    says what was asked and what it needs."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        text = str(exc).lower()
+        if not isinstance(exc, MemoryError) and "memory" not in text and "alloc" not in text:
+            raise
+        params = config.num_parameters()
+        raise ConfigError(
+            f"not enough {device.type} memory for model {model} ({_shape(config)}): its "
+            f"{params:,} parameters take {params * 4 / GIB:,.1f} GiB in fp32 and training needs "
+            f"about {params * TRAINING_BYTES_PER_PARAMETER / GIB:,.1f} GiB plus activations. "
+            "Choose a smaller model or a device with more memory") from None
+
+
+__all__ = ["check_model_fits", "check_vocab", "count_nonfinite", "device_memory_bytes",
+           "explain_oom", "nonfinite_summary", "optimizer_tensors", "refuse_nonfinite"]

@@ -1,0 +1,108 @@
+"""User input is validated once, at the config/CLI boundary, from the constants of
+``bertforge.limits``; library classes check their own arguments against the same constants. So the
+config and the library accept exactly the same values (they used to disagree: lr > 0 in the config
+but >= 0 in Lamb, masked_lm_prob < 1 in the config but <= 1 in the loader), and library errors are
+``ValueError``s in the library's own parameter names, never config keys."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+from bertforge.config import PretrainConfig, load_config
+from bertforge.data.loader import masking_spec
+from bertforge.data.prepare import _check_args
+from bertforge.errors import ConfigError
+from bertforge.optim import Lamb, build_optimizer, build_scheduler
+
+NUMBERS = [-1.0, 0.0, 1e-12, 0.15, 0.5, 0.999, 1.0, 1.5, 10.0, 10.5, 1e30, 1e39,
+           math.inf, -math.inf, math.nan]
+
+
+def config_accepts(key: str, value: Any) -> bool:
+    text = value if isinstance(value, str) else repr(value)
+    try:
+        load_config(PretrainConfig, None, [f"--{key}={text}"])
+    except ConfigError:
+        return False
+    return True
+
+
+def library_accepts(call: Callable[[], Any], name: str) -> bool:
+    try:
+        call()
+    except ValueError as exc:
+        message = str(exc)
+        assert message.startswith(name) or f"{name}=" in message, message
+        assert not any(k in message for k in ("optim.", "train.", "data.")), message
+        return False
+    return True
+
+
+def params() -> list[nn.Parameter]:
+    return [nn.Parameter(torch.ones(2, 2))]
+
+
+def scheduler(**kw: Any) -> Any:
+    opt = torch.optim.SGD(params(), lr=0.1)
+    return build_scheduler(opt, **{"name": "poly", "total_steps": 10, "warmup": 0.1,
+                                   "power": 0.5, **kw})
+
+
+def masking(p: float) -> Any:
+    return masking_spec(masked_lm_prob=p, max_predictions=20, whole_word_masking=False,
+                        is_continuation=None, mask_id=4, vocab_size=100, special_ids=[0, 1, 2, 3],
+                        pad_id=0)
+
+
+LIBRARY = {
+    "optim.lr": ("lr", lambda v: Lamb(params(), lr=v)),
+    "optim.eps": ("eps", lambda v: Lamb(params(), eps=v)),
+    "optim.weight_decay": ("weight_decay", lambda v: Lamb(params(), weight_decay=v)),
+    "optim.max_grad_norm": ("max_grad_norm", lambda v: Lamb(params(), max_grad_norm=v)),
+    "optim.warmup": ("warmup", lambda v: scheduler(warmup=v)),
+    "optim.power": ("power", lambda v: scheduler(power=v)),
+    "data.masked_lm_prob": ("masked_lm_prob", masking),
+}
+
+
+@pytest.mark.parametrize("key", list(LIBRARY))
+def test_config_and_library_accept_the_same_numbers(key: str) -> None:
+    name, call = LIBRARY[key]
+    for value in NUMBERS:
+        assert config_accepts(key, value) == library_accepts(lambda: call(value), name), value
+
+
+def test_betas_agree() -> None:
+    for beta in NUMBERS:
+        assert (config_accepts("optim.betas", f"[0.9,{beta!r}]")
+                == library_accepts(lambda: Lamb(params(), betas=(0.9, beta)), "betas[1]")), beta
+
+
+@pytest.mark.parametrize("key, name, call", [
+    ("optim.name", "name", lambda v: build_optimizer(nn.Linear(2, 2), v, lr=0.1,
+                                                     weight_decay=0.0)),
+    ("optim.schedule", "schedule", lambda v: scheduler(name=v)),
+])
+def test_config_and_library_accept_the_same_names(key: str, name: str, call) -> None:
+    for value in ("lamb", "adamw", "poly", "linear", "constant", "sgd", "cosine", "LAMB"):
+        assert config_accepts(key, value) == library_accepts(lambda: call(value), name), value
+
+
+def test_prepare_flags_agree_with_the_config_and_the_loader() -> None:
+    defaults = dict(max_seq_length=128, short_seq_prob=0.1, objective="nsp",
+                    input_format="auto", fmt="native", workers=1, dupe_factor=1,
+                    validation_fraction=0.01, masked_lm_prob=0.15, max_predictions=20,
+                    docs_per_shard=1, chunk_bytes=1, length_bin_width=1)
+    for value in NUMBERS:
+        try:
+            _check_args({**defaults, "masked_lm_prob": value})
+            flag_ok = True
+        except ConfigError as exc:
+            assert str(exc).startswith("--masked-lm-prob: must be a finite number in (0, 1)")
+            flag_ok = False
+        assert flag_ok == config_accepts("data.masked_lm_prob", value), value

@@ -1,0 +1,55 @@
+"""Recipes are found by name (with or without folder and .yaml) or by path; anything else is a
+one-line ConfigError that lists the names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bertforge.errors import ConfigError
+from bertforge.recipes import RECIPES_DIR, list_recipes, resolve_recipe
+
+LARGE1 = RECIPES_DIR / "pretrain" / "bert-large-phase1.yaml"
+
+
+def test_lists_every_shipped_recipe() -> None:
+    assert list_recipes() == ["debug/tiny-cpu", "pretrain/bert-base-phase1",
+                              "pretrain/bert-base-phase2", "pretrain/bert-large-phase1",
+                              "pretrain/bert-large-phase2"]
+
+
+def test_short_names_are_unique() -> None:
+    # A short name is accepted without its folder, so two folders must not share one.
+    short = [name.rsplit("/", 1)[-1] for name in list_recipes()]
+    assert len(set(short)) == len(short)
+
+
+@pytest.mark.parametrize("name", ["bert-large-phase1", "bert-large-phase1.yaml",
+                                  "pretrain/bert-large-phase1", "pretrain/bert-large-phase1.yaml"])
+def test_names_resolve_to_the_packaged_file(name: str) -> None:
+    assert resolve_recipe(name) == LARGE1
+
+
+def test_debug_recipe() -> None:
+    assert resolve_recipe("tiny-cpu") == resolve_recipe("debug/tiny-cpu.yaml")
+    assert resolve_recipe("tiny-cpu").is_file()
+
+
+def test_an_existing_path_is_used_as_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = tmp_path / "tiny-cpu.yaml"  # shadows the recipe of that name: the file wins
+    mine.write_text("model: bert-mini\n")
+    assert resolve_recipe(mine) == mine
+    monkeypatch.chdir(tmp_path)
+    assert resolve_recipe("tiny-cpu.yaml") == Path("tiny-cpu.yaml")
+
+
+@pytest.mark.parametrize("given", ["bert-huge", "configs/pretrain/bert-large-phase1.yaml",
+                                   "pretrain"])
+def test_unknown_name_lists_the_recipes(given: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve_recipe(given)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"config file not found: {given} is neither an existing file")
+    assert all(name in message for name in list_recipes())
