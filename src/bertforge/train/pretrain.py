@@ -278,11 +278,10 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
         if problem:
             raise TrainingDiverged(
                 f"at step {step} the weights or optimizer state hold {problem}; refusing to "
-                f"save them. The newest checkpoint, {manager.latest() or '(none yet)'}, is "
-                "intact; lower optim.lr or check the data before resuming")
+                "save them (lower optim.lr or check the data before resuming)")
         data_states = gather_to_rank0(data.train.state_dict())
         rng_states = gather_to_rank0(capture_rng_state())
-        failure: BaseException | None = None
+        failure: CheckpointWriteError | None = None
         if info.is_main:
             def write(tmp: Path) -> None:
                 model.save_pretrained(tmp, tokenizer=data.tokenizer)
