@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import bertforge.train.loop as loop
 from bertforge.train.pretrain import pretrain
 
@@ -22,6 +24,7 @@ def steps_of(metrics: Path) -> list[int]:
             if "loss" in json.loads(line)]
 
 
+@pytest.mark.slow
 def test_sigkill_right_after_a_resume_keeps_the_history(tiny_config, tiny_args, stop_after,
                                                         child_env, tmp_path: Path,
                                                         monkeypatch) -> None:
