@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 from bertforge.cli import main
 from bertforge.errors import CheckpointError
 from bertforge.io import CHECKSUMS_NAME, write_checksums
-from bertforge.train.checkpoint import COMPLETE, verify_checkpoint
+from bertforge.train.checkpoint import COMPLETE
+from bertforge.train.resume import verify_checkpoint
 from bertforge.train.pretrain import pretrain
 
 

@@ -17,7 +17,7 @@ import torch
 import bertforge.train.pretrain as pretrain_module
 from bertforge.cli import main
 from bertforge.optim import Lamb
-from bertforge.train.checkpoint import verify_checkpoint
+from bertforge.train.resume import verify_checkpoint
 
 
 @pytest.mark.parametrize("key, value", [

@@ -21,7 +21,7 @@ import torch
 from bertforge.cli import main
 from bertforge.errors import ConfigError
 from bertforge.models import BertConfig
-from bertforge.train.checkpoint import verify_checkpoint
+from bertforge.train.resume import verify_checkpoint
 from bertforge.train.guards import explain_oom
 
 

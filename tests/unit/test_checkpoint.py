@@ -20,9 +20,9 @@ from bertforge.train.checkpoint import (
     CheckpointWriteError,
     gather_to_rank0,
     load_training_state,
-    resolve_resume,
     save_training_state,
 )
+from bertforge.train.resume import resolve_resume
 from bertforge.train.rng import capture_rng_state, restore_rng_state
 
 

@@ -22,8 +22,8 @@ from torch import nn
 
 from bertforge.errors import TrainingDiverged
 from bertforge.optim.lamb import clip_grad_norm_, global_grad_norm
-from bertforge.train.distributed import DistInfo, all_reduce_sum, any_rank, no_sync
 from bertforge.signals import STOP_SIGNALS
+from bertforge.train.distributed import DistInfo, all_reduce_sum, any_rank, no_sync
 from bertforge.train.precision import Precision
 
 # loss_fn(model, batch) -> (loss to backpropagate, stats). Stats are per-micro-batch tensors that

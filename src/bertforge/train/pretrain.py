@@ -27,7 +27,7 @@ from bertforge.signals import Stopped, raise_on_stop
 from bertforge.train import benchmark as bench
 from bertforge.train.checkpoint import (TRAINING_STATE, CheckpointManager, CheckpointWriteError,
                                         checkpoint_step, gather_to_rank0, load_training_state,
-                                        resolve_resume, save_training_state, verify_model_files)
+                                        save_training_state)
 from bertforge.train.data import PretrainData, open_pretrain_data
 from bertforge.train.distributed import (DistInfo, all_reduce_sum, any_rank, barrier, cleanup,
                                          collective_failure, init_distributed, on_rank0, wrap_ddp)
@@ -35,6 +35,7 @@ from bertforge.train.guards import (check_model_fits, check_vocab, explain_oom, 
                                     optimizer_tensors, refuse_nonfinite)
 from bertforge.train.loop import Hooks, LoopConfig, Trainer, to_device
 from bertforge.train.precision import build_precision
+from bertforge.train.resume import resolve_resume, verify_model_files
 from bertforge.train.rng import capture_rng_state, restore_rng_state
 from bertforge.train.run_log import RunLogger, plot_loss_curve
 
