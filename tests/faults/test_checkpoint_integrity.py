@@ -85,7 +85,7 @@ def test_explicit_resume_of_a_damaged_checkpoint_is_one_error_line(
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"error: resume: {damaged} is damaged: {FOUND[kind]}")
-    assert f"the newest other complete checkpoint next to it is {stopped_at_4 / 'checkpoint-2'}" in err
+    assert f"the previous complete checkpoint next to it is {stopped_at_4 / 'checkpoint-2'}" in err
 
 
 def test_a_checkpoint_without_checksums_still_needs_every_file(stopped_at_4: Path) -> None:

@@ -35,7 +35,7 @@ from bertforge.train.guards import (check_model_fits, check_vocab, explain_oom, 
                                     optimizer_tensors, refuse_nonfinite)
 from bertforge.train.loop import Hooks, LoopConfig, Trainer, to_device
 from bertforge.train.precision import build_precision
-from bertforge.train.resume import resolve_resume, verify_model_files
+from bertforge.train.resume import previous_checkpoint, resolve_resume, verify_model_files
 from bertforge.train.rng import capture_rng_state, restore_rng_state
 from bertforge.train.run_log import RunLogger, plot_loss_curve
 
@@ -146,9 +146,9 @@ def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | Non
 
 def _older_checkpoint_hint(source: Path) -> str:
     """What to do instead of using ``source``: its run's previous complete checkpoint, if any."""
-    older = [p for _, p in CheckpointManager(source.parent, keep=0).checkpoints() if p != source]
+    older = previous_checkpoint(source)
     if older:
-        return f"Resume from the previous complete checkpoint instead: resume={older[-1]}"
+        return f"Resume from the previous complete checkpoint instead: resume={older}"
     return "Start from another checkpoint, or from scratch with resume=none"
 
 

@@ -17,8 +17,8 @@ from typing import Optional
 
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.io import CHECKSUMS_NAME, read_checksums, verify_checksums
-from bertforge.train.checkpoint import (COMPLETE, TRAINING_STATE, CheckpointManager, load_json,
-                                        required_files)
+from bertforge.train.checkpoint import (COMPLETE, TRAINING_STATE, CheckpointManager,
+                                        checkpoint_step, load_json, required_files)
 
 log = logging.getLogger(__name__)
 UNUSABLE_SUFFIX = ".unusable"
@@ -45,10 +45,21 @@ def resolve_resume(resume: Optional[str | os.PathLike], output_dir: str | os.Pat
     try:
         verify_checkpoint(path)
     except CheckpointError as exc:
-        older = [p for _, p in CheckpointManager(path.parent, keep=0).checkpoints() if p != path]
-        also = f"; the newest other complete checkpoint next to it is {older[-1]}" if older else ""
+        older = previous_checkpoint(path)
+        also = f"; the previous complete checkpoint next to it is {older}" if older else ""
         raise CheckpointError(f"resume: {exc}{also}") from None
     return path
+
+
+def previous_checkpoint(path: Path) -> Optional[Path]:
+    """The newest complete checkpoint beside ``path`` with a lower step, if any (None too when
+    ``path`` is not a checkpoint, e.g. a Hugging Face model directory)."""
+    try:
+        step = checkpoint_step(path)
+    except CheckpointError:
+        return None
+    older = [p for s, p in CheckpointManager(path.parent, keep=0).checkpoints() if s < step]
+    return older[-1] if older else None
 
 
 def _newest_usable(manager: CheckpointManager) -> Optional[Path]:
@@ -143,4 +154,5 @@ def verify_model_files(path: str | os.PathLike) -> None:
         raise CheckpointError(f"{path} is damaged: {'; '.join(problems)}")
 
 
-__all__ = ["UNUSABLE_SUFFIX", "resolve_resume", "verify_checkpoint", "verify_model_files"]
+__all__ = ["UNUSABLE_SUFFIX", "previous_checkpoint", "resolve_resume", "verify_checkpoint",
+           "verify_model_files"]
