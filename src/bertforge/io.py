@@ -21,6 +21,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from bertforge.errors import ConfigError
+
 TMP_MARK = ".tmp-"
 
 
@@ -104,8 +106,6 @@ def ensure_writable_dir(path: str | os.PathLike[str], key: str) -> Path:
     """Create directory ``path`` if needed and prove it writable; ``ConfigError`` naming ``key``
     otherwise (a file in the way, a read-only file system, no permission). Checked before any
     work starts, so a long run never fails at its first save."""
-    from bertforge.errors import ConfigError
-
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{key} {path} is a file, not a directory; choose a directory path")
@@ -163,19 +163,13 @@ def read_checksums(directory: str | os.PathLike[str]) -> dict[str, str] | None:
     return out
 
 
-def verify_checksums(directory: str | os.PathLike[str], names: Iterable[str] | None = None
-                     ) -> list[str]:
-    """Problems with the files listed in ``directory/checksums.sha256`` (all of them, or only
-    ``names``): ``"NAME is missing"`` or ``"NAME does not match its checksum"``. Empty when every
-    file is intact. Raises ``FileNotFoundError`` when there is no checksum file and ``ValueError``
-    when it is malformed."""
+def verify_checksums(directory: str | os.PathLike[str], recorded: dict[str, str]) -> list[str]:
+    """Problems with the files of ``recorded`` (``{name: digest}``, from :func:`read_checksums`)
+    under ``directory``: ``"NAME is missing"`` or ``"NAME does not match its checksum"``. Empty
+    when every file is intact."""
     directory = Path(directory)
-    recorded = read_checksums(directory)
-    if recorded is None:
-        raise FileNotFoundError(f"{directory / CHECKSUMS_NAME} does not exist")
-    wanted = recorded if names is None else {n: recorded[n] for n in names if n in recorded}
     problems = []
-    for name, digest in wanted.items():
+    for name, digest in recorded.items():
         path = directory / name
         if not path.is_file():
             problems.append(f"{name} is missing")

@@ -41,9 +41,10 @@ import re
 import shutil
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -303,14 +304,14 @@ def _write_text(path: Path, text: str) -> None:
 def _save_pt(obj: Any, path: Path) -> None:
     """``torch.save``, but a failed write raises the OSError (e.g. ENOSPC) naming ``path``:
     torch itself reports it as an opaque ``RuntimeError: ... unexpected pos``."""
-    class Recorder:  # the file object torch writes through; keeps the real error
-        error: Optional[OSError] = None
+    errors: list[OSError] = []
 
+    class Recorder:  # the file object torch writes through; keeps the real error
         def write(self, data: bytes) -> int:
             try:
                 return f.write(data)
             except OSError as exc:
-                Recorder.error = exc
+                errors.append(exc)
                 raise
 
         def flush(self) -> None:
@@ -320,25 +321,21 @@ def _save_pt(obj: Any, path: Path) -> None:
         try:
             torch.save(obj, Recorder())
         except RuntimeError:
-            if Recorder.error is not None:
-                raise Recorder.error from None
+            if errors:
+                raise errors[0] from None
             raise
 
 
-class _naming:
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
     """Give OSErrors raised inside the block ``path`` as their file name (errors of writes to an
     already open file carry none), so a full disk is reported with the file it hit."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
-        if isinstance(exc, OSError) and exc.filename is None:
-            exc.filename = str(self.path)
-        return False
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
 
 
 def _load_pt(path: Path, map_location: Any) -> Any:

@@ -36,6 +36,7 @@ class DistInfo:
     world_size: int
     local_rank: int
     device: torch.device
+    timeout_s: float = GLOO_TIMEOUT_S  # how long any collective waits for the other ranks
 
     @property
     def is_main(self) -> bool:
@@ -59,11 +60,12 @@ def init_distributed(device: str | None = None, timeout_s: float | None = None) 
     dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
+    seconds = timeout_s or (NCCL_TIMEOUT_S if use_cuda else GLOO_TIMEOUT_S)
     if world > 1 and not dist.is_initialized():
-        seconds = timeout_s or (NCCL_TIMEOUT_S if use_cuda else GLOO_TIMEOUT_S)
         dist.init_process_group(backend="nccl" if use_cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=seconds))
-    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
+                    timeout_s=seconds)
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
@@ -140,8 +142,7 @@ _COLLECTIVE_FAILURE = re.compile(r"timed out|timeout|connection closed by peer|c
 _RANK_IN_MESSAGE = re.compile(r"\b[Rr]ank (\d+)\b")
 
 
-def collective_failure(exc: BaseException, info: DistInfo,
-                       timeout_s: float | None) -> CollectiveTimeout | None:
+def collective_failure(exc: BaseException, info: DistInfo) -> CollectiveTimeout | None:
     """A one-line ``CollectiveTimeout`` for an error raised by a collective whose peer stopped
     responding (None for any other error). Names the unresponsive rank when torch's message
     does, or when there is only one other rank."""
@@ -153,9 +154,9 @@ def collective_failure(exc: BaseException, info: DistInfo,
     named = [int(r) for r in _RANK_IN_MESSAGE.findall(text) if int(r) != info.rank]
     peer = (f"rank {named[0]}" if named else f"rank {1 - info.rank}" if info.world_size == 2
             else "another rank")
-    seconds = timeout_s or (NCCL_TIMEOUT_S if info.device.type == "cuda" else GLOO_TIMEOUT_S)
     said = " ".join(text.split())[:200]
     return CollectiveTimeout(
-        f"rank {info.rank}: {peer} stopped responding: a collective waited up to {seconds:g} s "
+        f"rank {info.rank}: {peer} stopped responding: a collective waited up to "
+        f"{info.timeout_s:g} s "
         f"(train.dist_timeout_s) and failed ({said}). Checkpoints written so far are intact; "
         "once every rank is running again, restart the same command to resume")

@@ -19,6 +19,7 @@ import torch
 
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.tokenization import read_vocab_tokens, vocab_hash
+from bertforge.train.resume import previous_checkpoint
 
 GIB = 2**30
 # fp32 weights, gradients and the optimizer's two moments (LAMB and AdamW alike).
@@ -29,26 +30,21 @@ _LISTED = 3
 def count_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, list[str]]:
     """(number of NaN/inf values, names of the tensors holding them) over floating tensors.
 
-    Counts are summed on each tensor's device and read back together: one host sync per
-    device, not one per tensor, so a BERT-large check costs milliseconds.
+    Counts are stacked per device and read back together: one host sync per device, not one per
+    tensor, so a BERT-large check costs milliseconds.
     """
-    names: list[str] = []
-    counts: list[torch.Tensor] = []
+    per_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
     for name, tensor in named:
         if torch.is_tensor(tensor) and tensor.is_floating_point():
-            names.append(name)
-            counts.append(torch.isfinite(tensor).logical_not().sum())
-    if not counts:
-        return 0, []
-    by_device: dict[torch.device, list[int]] = {}
-    for i, c in enumerate(counts):
-        by_device.setdefault(c.device, []).append(i)
-    values = [0] * len(counts)
-    for idx in by_device.values():
-        for i, v in zip(idx, torch.stack([counts[i] for i in idx]).tolist()):
-            values[i] = int(v)
-    bad = [n for n, v in zip(names, values) if v]
-    return sum(values), bad
+            count = torch.isfinite(tensor).logical_not().sum()
+            per_device.setdefault(tensor.device, []).append((name, count))
+    total, bad = 0, []
+    for items in per_device.values():
+        for (name, _), n in zip(items, torch.stack([c for _, c in items]).tolist()):
+            total += n
+            if n:
+                bad.append(name)
+    return total, bad
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
@@ -68,12 +64,17 @@ def nonfinite_summary(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     return f"{count:,} non-finite values in {len(bad)} tensor(s) ({shown})"
 
 
-def refuse_nonfinite(named: Iterable[tuple[str, torch.Tensor]], source: str | Path,
-                     remedy: str) -> None:
-    """``CheckpointError`` naming ``source`` when any tensor holds NaN or inf."""
+def refuse_nonfinite(named: Iterable[tuple[str, torch.Tensor]], source: Path,
+                     checkpoint: Path) -> None:
+    """``CheckpointError`` naming ``source`` (a file of ``checkpoint``) when any tensor holds NaN
+    or inf; it points at the previous complete checkpoint of the same run, if there is one."""
     problem = nonfinite_summary(named)
-    if problem:
-        raise CheckpointError(f"{source} holds {problem}; refusing to train from it. {remedy}")
+    if not problem:
+        return
+    older = previous_checkpoint(checkpoint)
+    remedy = (f"Resume from the previous complete checkpoint instead: resume={older}" if older
+              else "Start from another checkpoint, or from scratch with resume=none")
+    raise CheckpointError(f"{source} holds {problem}; refusing to train from it. {remedy}")
 
 
 def check_vocab(source: Path, data_tokens: tuple[str, ...] | None, data_path: str) -> bool:

@@ -35,7 +35,7 @@ from bertforge.train.guards import (check_model_fits, check_vocab, explain_oom, 
                                     optimizer_tensors, refuse_nonfinite)
 from bertforge.train.loop import Hooks, LoopConfig, Trainer, to_device
 from bertforge.train.precision import build_precision
-from bertforge.train.resume import previous_checkpoint, resolve_resume, verify_model_files
+from bertforge.train.resume import resolve_resume, verify_model_files
 from bertforge.train.rng import capture_rng_state, restore_rng_state
 from bertforge.train.run_log import RunLogger, plot_loss_curve
 
@@ -136,20 +136,11 @@ def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | Non
     with explain_oom(config, device, name):
         if source is not None:
             model = cls.from_pretrained(source)
-            refuse_nonfinite(model.named_parameters(), source / "model.safetensors",
-                             _older_checkpoint_hint(source))
+            refuse_nonfinite(model.named_parameters(), source / "model.safetensors", source)
         else:
             torch.manual_seed(cfg.train.seed)
             model = cls(config)
         return model.to(device)
-
-
-def _older_checkpoint_hint(source: Path) -> str:
-    """What to do instead of using ``source``: its run's previous complete checkpoint, if any."""
-    older = previous_checkpoint(source)
-    if older:
-        return f"Resume from the previous complete checkpoint instead: resume={older}"
-    return "Start from another checkpoint, or from scratch with resume=none"
 
 
 # Settings that define a run's trajectory: resuming with other values would silently train
@@ -198,7 +189,7 @@ def pretrain(cfg: PretrainConfig, benchmark: bool = False) -> PretrainResult | d
             barrier()
             return result
         except RuntimeError as exc:
-            failure = collective_failure(exc, info, cfg.train.dist_timeout_s)
+            failure = collective_failure(exc, info)
             if failure is None:
                 raise
             raise failure from exc
@@ -235,8 +226,7 @@ def _pretrain(cfg: PretrainConfig, info: DistInfo, benchmark: bool) -> PretrainR
         check_resume_compatible(state.config, cfg, resume_from)
         optimizer.load_state_dict(state.optimizer)
         refuse_nonfinite(optimizer_tensors(optimizer),
-                         resume_from / TRAINING_STATE / "optimizer.pt",
-                         _older_checkpoint_hint(resume_from))
+                         resume_from / TRAINING_STATE / "optimizer.pt", resume_from)
         scheduler.load_state_dict(state.scheduler)
         if precision.scaler is not None and state.scaler:
             precision.scaler.load_state_dict(state.scaler)

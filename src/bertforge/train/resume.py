@@ -119,13 +119,14 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
     if not (path / COMPLETE).is_file():
         raise CheckpointError(f"{path} has no {COMPLETE} marker: its save was interrupted")
     try:
-        problems = verify_checksums(path)
-    except FileNotFoundError:
-        log.warning("%s has no %s (written by an older bertforge): its files cannot be verified",
-                    path, CHECKSUMS_NAME)
-        problems = []
+        recorded = read_checksums(path)
     except (OSError, ValueError) as exc:
-        problems = [f"{CHECKSUMS_NAME} cannot be read ({exc})"]
+        recorded, problems = {}, [f"{CHECKSUMS_NAME} cannot be read ({exc})"]
+    else:
+        if recorded is None:
+            log.warning("%s has no %s (written by an older bertforge): its files cannot be "
+                        "verified", path, CHECKSUMS_NAME)
+        problems = verify_checksums(path, recorded or {})
     ts = path / TRAINING_STATE
     if not problems:
         meta = load_json(ts / "meta.json") if (ts / "meta.json").is_file() else None
@@ -148,8 +149,8 @@ def verify_model_files(path: str | os.PathLike) -> None:
         raise CheckpointError(f"{path}/{CHECKSUMS_NAME} cannot be read ({exc})") from None
     if recorded is None:
         return
-    names = [n for n in recorded if not n.startswith(TRAINING_STATE + "/")]
-    problems = verify_checksums(path, names)
+    model_files = {n: d for n, d in recorded.items() if not n.startswith(TRAINING_STATE + "/")}
+    problems = verify_checksums(path, model_files)
     if problems:
         raise CheckpointError(f"{path} is damaged: {'; '.join(problems)}")
 
