@@ -46,6 +46,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import metadata, result_path, run_cli, spread, write_result  # noqa: E402
+from bertforge.batch import IGNORE_INDEX, LossOutput, real_tokens  # noqa: E402
 
 VARIANTS = ("bertforge", "hf", "bertforge-dense-mlm", "bertforge-lamb")
 
@@ -87,22 +88,26 @@ def real_batches(data: str | None, seq: int, batch: int, count: int, seed: int,
 # --- models and losses ---------------------------------------------------------------------------
 
 
-def hf_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def hf_loss(model: nn.Module, batch: dict) -> LossOutput:
     """Hugging Face's own loss: MLM cross-entropy over all (B*S) logits with -100 ignored, + NSP."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 token_type_ids=batch["token_type_ids"], labels=batch["mlm_labels"],
                 next_sentence_label=batch["nsp_labels"])
-    return out.loss, {"loss": out.loss.detach()}
+    return LossOutput(out.loss, {"loss": out.loss.detach()}, sequences=len(batch["input_ids"]),
+                      tokens=real_tokens(batch))
 
 
-def dense_mlm_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def dense_mlm_loss(model: nn.Module, batch: dict) -> LossOutput:
     """bertforge's model with logits at every position (B, S, V), then the same masked loss."""
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
                 token_type_ids=batch["token_type_ids"])
     logits = out.mlm_logits.float()                    # (B, S, V): no masked_positions given
-    mlm = F.cross_entropy(logits.flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=-100)
-    loss = mlm + F.cross_entropy(out.nsp_logits.float(), batch["nsp_labels"], ignore_index=-100)
-    return loss, {"loss": loss.detach()}
+    mlm = F.cross_entropy(logits.flatten(0, 1), batch["mlm_labels"].flatten(),
+                          ignore_index=IGNORE_INDEX)
+    loss = mlm + F.cross_entropy(out.nsp_logits.float(), batch["nsp_labels"],
+                                 ignore_index=IGNORE_INDEX)
+    return LossOutput(loss, {"loss": loss.detach()}, sequences=len(batch["input_ids"]),
+                      tokens=real_tokens(batch))
 
 
 def build_models(args: argparse.Namespace, vocab_size: int, tmp: Path) -> tuple[nn.Module, nn.Module]:
@@ -134,11 +139,11 @@ def build_models(args: argparse.Namespace, vocab_size: int, tmp: Path) -> tuple[
 @torch.no_grad()
 def loss_check(ours: nn.Module, hf: nn.Module, batch: dict) -> dict[str, float]:
     """Eval-mode fp32 loss of both models on one batch; they must agree to float rounding."""
-    from bertforge.train.pretrain import pretraining_loss
+    from bertforge.tasks.pretrain import pretraining_loss
 
     ours.eval(), hf.eval()
-    a = float(pretraining_loss(ours, batch)[0])
-    b = float(hf_loss(hf, batch)[0])
+    a = float(pretraining_loss(ours, batch).loss)
+    b = float(hf_loss(hf, batch).loss)
     ours.train(), hf.train()
     if abs(a - b) > 1e-4 * max(1.0, abs(b)):
         raise RuntimeError(f"bertforge loss {a:.6f} != transformers loss {b:.6f}: the models or "
@@ -253,7 +258,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from bertforge.train.loop import to_device
-    from bertforge.train.pretrain import pretraining_loss
+    from bertforge.tasks.pretrain import pretraining_loss
 
     device = check_args(args)
     torch.set_num_threads(args.threads)

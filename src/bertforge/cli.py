@@ -96,9 +96,9 @@ def _pretrain(args: argparse.Namespace, extra: list) -> int:
 
     recipe = resolve_recipe(args.config) if args.config else None
     cfg = load_config(PretrainConfig, recipe, extra)  # before torch: config errors are instant
-    from bertforge.train.pretrain import pretrain
+    from bertforge.tasks.pretrain import benchmark_pretraining, pretrain
 
-    pretrain(cfg, benchmark=args.benchmark)
+    benchmark_pretraining(cfg) if args.benchmark else pretrain(cfg)
     return 0
 
 

@@ -26,11 +26,18 @@ from bertforge.limits import OPTIMIZERS, PRECISIONS, SCHEDULES, check_choice
 T = TypeVar("T")
 
 
-def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None) -> Any:
-    """A dataclass field with its help text (``factory`` for mutable defaults)."""
+def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None,
+        run_defining: bool = False) -> Any:
+    """A dataclass field with its help text (``factory`` for mutable defaults).
+
+    ``run_defining``: the key shapes a run's trajectory (a resume with another value would
+    silently train something else, e.g. a schedule restored for the old step count), so a
+    resume must match the checkpoint's value; on a section it covers every key inside.
+    """
+    meta = {"help": help, "run_defining": run_defining}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -38,11 +45,15 @@ class DataConfig:
     path: Optional[str] = opt(None, "Prepared data: a `bertforge prepare` output directory, or NVIDIA/Google "
                     "hdf5 files (a directory, a file or a glob).")
     masked_lm_prob: Optional[float] = opt(None, "Fraction of tokens to predict; default: the value "
-                                          "recorded by `prepare` in the manifest (0.15).")
+                                          "recorded by `prepare` in the manifest (0.15).",
+                                          run_defining=True)
     max_predictions: Optional[int] = opt(None, "Cap on predicted tokens per sequence; default: "
-                                         "the manifest's value (20 at seq 128, 80 at seq 512).")
-    whole_word_masking: Optional[bool] = opt(None, "Mask whole words; default: the manifest's value.")
-    bin_by_length: bool = opt(True, "Draw every global batch from one length bin to cut padding.")
+                                         "the manifest's value (20 at seq 128, 80 at seq 512).",
+                                         run_defining=True)
+    whole_word_masking: Optional[bool] = opt(None, "Mask whole words; default: the manifest's "
+                                             "value.", run_defining=True)
+    bin_by_length: bool = opt(True, "Draw every global batch from one length bin to cut padding.",
+                              run_defining=True)
     num_workers: int = opt(2, "DataLoader worker processes that mask and collate (0 = in-process).")
 
     def __post_init__(self) -> None:
@@ -56,12 +67,13 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = opt(1000, "Optimizer steps to run (the schedule ends here).")
+    max_steps: int = opt(1000, "Optimizer steps to run (the schedule ends here).",
+                         run_defining=True)
     global_batch_size: int = opt(256, "Sequences per optimizer step, over all ranks and "
-                                 "accumulation micro-steps.")
+                                 "accumulation micro-steps.", run_defining=True)
     micro_batch_size: int = opt(32, "Sequences per forward/backward on one rank. Accumulation = "
                                 "global_batch_size / (micro_batch_size x world size).")
-    seed: int = opt(12345, "Seed for weight init, data order and masking.")
+    seed: int = opt(12345, "Seed for weight init, data order and masking.", run_defining=True)
     log_every: int = opt(10, "Steps between metric lines (the only host-device syncs).")
     eval_every: int = opt(0, "Steps between validation passes (0 = only at the end).")
     eval_batches: int = opt(20, "Validation micro-batches per pass (0 = no validation).")
@@ -76,7 +88,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every",
                      "max_skipped_steps"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "eval_batches"):
             if getattr(self, name) < 0:
@@ -138,26 +150,35 @@ class BenchmarkConfig:
 
 
 @dataclass
-class PretrainConfig:
+class RunConfig:
+    """The settings every training command shares; each task adds its own ``data`` section."""
+
     model: str = opt("bert-base-uncased", "Preset name (bert-tiny ... bert-large-cased) or a "
-                     "config.json / model directory. vocab_size follows the data's vocabulary.")
-    data: DataConfig = opt(help="Training data.", factory=DataConfig)
+                     "config.json / model directory. vocab_size follows the data's vocabulary.",
+                     run_defining=True)
     output_dir: str = opt("runs/pretrain", "Where checkpoints, metrics and the resolved config go.")
     train: TrainConfig = opt(help="Steps and batch sizes.", factory=TrainConfig)
-    optim: OptimConfig = opt(help="Optimizer and LR schedule.", factory=OptimConfig)
+    optim: OptimConfig = opt(help="Optimizer and LR schedule.", factory=OptimConfig,
+                             run_defining=True)
     precision: str = opt("auto", "fp32, bf16, fp16 (dynamic loss scaling) or auto "
-                         "(bf16 where the device supports it, else fp32).")
+                         "(bf16 where the device supports it, else fp32).", run_defining=True)
     checkpoint: CheckpointConfig = opt(help="Checkpointing.", factory=CheckpointConfig)
     resume: str = opt("auto", "auto (newest complete checkpoint in output_dir, if any), none, "
                       "or a checkpoint directory.")
-    init_from: Optional[str] = opt(None, "Load weights only (e.g. phase-1 final -> phase 2); "
-                                   "optimizer, schedule and data start fresh.")
-    phase: int = opt(1, "Phase label stored in checkpoints and metrics (1: seq 128, 2: seq 512).")
     tensorboard: bool = opt(True, "Also write TensorBoard event files (if tensorboard is installed).")
     benchmark: BenchmarkConfig = opt(help="Settings of --benchmark mode.", factory=BenchmarkConfig)
 
     def __post_init__(self) -> None:
         check_choice(self.precision, "precision", PRECISIONS, ConfigError)
+
+
+@dataclass
+class PretrainConfig(RunConfig):
+    data: DataConfig = opt(help="Training data.", factory=DataConfig)
+    init_from: Optional[str] = opt(None, "Load weights only (e.g. phase-1 final -> phase 2); "
+                                   "optimizer, schedule and data start fresh.")
+    phase: int = opt(1, "Phase label stored in checkpoints and metrics (1: seq 128, 2: seq 512).",
+                     run_defining=True)
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -167,6 +188,18 @@ def _section(f: dataclasses.Field) -> type | None:
     """The dataclass of a nested section field (sections are built by their default factory)."""
     sub = f.default_factory
     return sub if isinstance(sub, type) and dataclasses.is_dataclass(sub) else None
+
+
+def run_defining_keys(cls: type, prefix: str = "") -> list[str]:
+    """Dotted keys (or section prefixes ending in ".") marked ``run_defining`` in ``cls``."""
+    out = []
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if f.metadata.get("run_defining"):
+            out.append(key + "." if _section(f) is not None else key)
+        elif _section(f) is not None:
+            out += run_defining_keys(_section(f), key + ".")
+    return out
 
 
 def _keys(cls: type, prefix: str = "") -> list[str]:

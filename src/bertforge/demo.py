@@ -46,7 +46,7 @@ def run_demo(workdir: Path, steps: int = 300) -> dict:
     from bertforge.sample import build_sample_corpus
     from bertforge.tokenization import BertTokenizer
     from bertforge.vocab import train_wordpiece
-    from bertforge.train.pretrain import pretrain
+    from bertforge.tasks.pretrain import pretrain
 
     t0 = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)

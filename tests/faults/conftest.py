@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from bertforge.train.pretrain import pretrain
+from bertforge.tasks.pretrain import pretrain
 
 STEPS = 6
 

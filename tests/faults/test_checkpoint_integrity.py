@@ -25,7 +25,7 @@ from bertforge.errors import CheckpointError
 from bertforge.io import CHECKSUMS_NAME, write_checksums
 from bertforge.train.checkpoint import COMPLETE
 from bertforge.train.resume import verify_checkpoint
-from bertforge.train.pretrain import pretrain
+from bertforge.tasks.pretrain import pretrain
 
 
 def flip_tensor_bytes(path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import bertforge.train.loop as loop
-from bertforge.train.pretrain import pretrain
+from bertforge.tasks.pretrain import pretrain
 
 
 def steps_of(metrics: Path) -> list[int]:

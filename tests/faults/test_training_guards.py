@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import bertforge.train.pretrain as pretrain_module
+import bertforge.tasks.pretrain as pretrain_module
 from bertforge.cli import main
 from bertforge.optim import Lamb
 from bertforge.train.resume import verify_checkpoint
@@ -41,10 +41,10 @@ def poison_gradients(monkeypatch: pytest.MonkeyPatch, micro_batches: range) -> N
     seen = iter(range(10**6))
 
     def poisoned(model, batch):
-        loss, stats = real(model, batch)
+        out = real(model, batch)
         if model.training and next(seen) in micro_batches:
-            loss = loss * float("nan")
-        return loss, stats
+            out.loss = out.loss * float("nan")
+        return out
 
     monkeypatch.setattr(pretrain_module, "pretraining_loss", poisoned)
 

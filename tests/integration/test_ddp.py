@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge.train.pretrain import pretrain
+from bertforge.tasks.pretrain import pretrain
 
 STEPS = 4
 COMPARED = ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "grad_norm", "lr", "skipped_steps")

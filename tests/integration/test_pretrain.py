@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import bertforge.train.pretrain as pretrain_module
+import bertforge.tasks.pretrain as pretrain_module
+import bertforge.train.run as run_module
 from bertforge.config import PretrainConfig, load_config
 from bertforge.errors import ConfigError, DataError
 from bertforge.models import BertForPreTraining
 from bertforge.train.data import open_pretrain_data
 from bertforge.train.distributed import DistInfo
-from bertforge.train.pretrain import pretrain
+from bertforge.tasks.pretrain import benchmark_pretraining, pretrain
 
 CPU = torch.device("cpu")
 ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU)
@@ -118,7 +119,7 @@ def sequence_flops(layers: int, hidden: int, inter: int, vocab: int, s: int, p: 
 
 def test_benchmark_mode(tmp_path: Path, tiny, tiny_config) -> None:
     cfg = tiny_config(tmp_path, "--benchmark.warmup_steps=1", "--benchmark.steps=2")
-    report = pretrain(cfg, benchmark=True)
+    report = benchmark_pretraining(cfg)
     assert json.loads((tmp_path / "benchmark.json").read_text()) == report
     assert not list(tmp_path.glob("checkpoint-*")) and not (tmp_path / "metrics.jsonl").exists()
     assert report["timed_steps"] == 2 and report["accumulation"] == 2
@@ -145,7 +146,7 @@ def test_benchmark_mode(tmp_path: Path, tiny, tiny_config) -> None:
 def test_batch_sizes_must_divide_over_ranks(tmp_path: Path, tiny_config,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # 12 = 3 micro-batches of 4 passes the config check, but not 4 x 2 ranks: the run says so.
-    monkeypatch.setattr(pretrain_module, "init_distributed",
+    monkeypatch.setattr(run_module, "init_distributed",
                         lambda **kw: DistInfo(rank=0, world_size=2, local_rank=0, device=CPU))
     cfg = tiny_config(tmp_path, "--train.global_batch_size=12")
     with pytest.raises(ConfigError, match=r"train\.global_batch_size=12 is not a multiple of "

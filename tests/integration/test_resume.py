@@ -21,12 +21,12 @@ import pytest
 import torch
 
 import bertforge.train.loop as loop
-import bertforge.train.pretrain as pretrain_module
+import bertforge.tasks.pretrain as pretrain_module
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.optim import schedule_lr
 from bertforge.train.checkpoint import load_training_state
 from bertforge.train.distributed import DistInfo
-from bertforge.train.pretrain import pretrain
+from bertforge.tasks.pretrain import pretrain
 
 ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

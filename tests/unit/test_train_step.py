@@ -18,7 +18,7 @@ from bertforge.optim import build_optimizer, build_scheduler, schedule_lr
 from bertforge.train.distributed import DistInfo
 from bertforge.train.loop import Hooks, LoopConfig, Trainer, train_step
 from bertforge.train.precision import build_precision
-from bertforge.train.pretrain import pretraining_loss
+from bertforge.tasks.pretrain import pretraining_loss
 
 CPU = torch.device("cpu")
 VOCAB = 50
@@ -121,7 +121,7 @@ def test_accumulation_is_the_mean_of_micro_batch_means() -> None:
     got, out = sgd_delta(tiny_model(), micro)
 
     model = tiny_model()
-    losses = [pretraining_loss(model, b)[0] for b in micro]
+    losses = [pretraining_loss(model, b).loss for b in micro]
     by_hand = torch.autograd.grad(torch.stack(losses).mean(), list(model.parameters()),
                                   allow_unused=True)
     expected = [-(g if g is not None else torch.zeros_like(p))
@@ -137,7 +137,7 @@ def test_accumulation_is_the_mean_of_micro_batch_means() -> None:
 def test_grad_norm_is_reported_before_clipping() -> None:
     batch = make_batch(2, lengths=[10, 8, 12, 6], masked=[2, 3, 2, 1])
     model = tiny_model()
-    loss, _ = pretraining_loss(model, batch)
+    loss = pretraining_loss(model, batch).loss
     grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
     norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads if g is not None))
 
@@ -155,8 +155,10 @@ def poisoned(bad_calls: set[int], value: float):
 
     def loss_fn(model, batch):
         calls["n"] += 1
-        loss, stats = pretraining_loss(model, batch)
-        return (loss * value if calls["n"] in bad_calls else loss), stats
+        out = pretraining_loss(model, batch)
+        if calls["n"] in bad_calls:
+            out.loss = out.loss * value
+        return out
 
     return loss_fn
 
@@ -268,9 +270,9 @@ def test_loop_logs_the_rate_each_step_used_and_window_means() -> None:
     seen: list[float] = []
 
     def loss_fn(model, batch):
-        loss, stats = pretraining_loss(model, batch)
-        seen.append(float(loss.detach()))
-        return loss, stats
+        out = pretraining_loss(model, batch)
+        seen.append(float(out.loss.detach()))
+        return out
 
     result, rec = fit(tiny_model(), loss_fn, batches, steps=4, log_every=2, accumulation=2,
                       lr=1e-2, warmup=0.5)

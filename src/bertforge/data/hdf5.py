@@ -24,7 +24,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from bertforge.data.loader import IGNORE_INDEX
+from bertforge.batch import IGNORE_INDEX
 from bertforge.data.masking import mask_tokens
 from bertforge.errors import ConfigError, DataError
 from bertforge.io import atomic_write

@@ -18,11 +18,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bertforge.data.masking import mask_tokens, normalize_special_ids, order_rng, sample_rng
 from bertforge import limits
+from bertforge.batch import IGNORE_INDEX
+from bertforge.data.masking import mask_tokens, normalize_special_ids, order_rng, sample_rng
 from bertforge.errors import CheckpointError, DataError
-
-IGNORE_INDEX = -100
 
 
 class PretrainingDataset(Protocol):

@@ -1,8 +1,10 @@
-"""``bertforge pretrain --benchmark``: time real training steps, report throughput and MFU.
+"""``--benchmark`` mode of every training command: time real training steps, report throughput
+and MFU.
 
 The timed steps are the same ``train_step`` a run uses (same data, masking, accumulation,
-precision, optimizer). FLOPs are counted per sequence from its real (unpadded) length and its
-number of predicted tokens (see ``flops.py``), so padding never inflates MFU.
+precision, optimizer). Sequences and tokens are what the task's loss counts; FLOPs are the
+task's count per micro-batch from real (unpadded) lengths (see ``flops.py``), so padding never
+inflates MFU.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import torch
 from torch import nn
 
 from bertforge.io import write_json_atomic
+from bertforge.batch import IGNORE_INDEX, to_device
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import bert_train_flops, peak_flops
-from bertforge.train.loop import LoopConfig, group_micro_batches, to_device, train_step
+from bertforge.train.loop import LoopConfig, group_micro_batches, train_step
 
 
 def _sync(device: torch.device) -> None:
@@ -27,11 +30,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _batch_flops(model: nn.Module, batch: dict, nsp: bool) -> float:
-    """Training FLOPs of one micro-batch, from CPU-side lengths (no device sync)."""
+def pretraining_flops(model: nn.Module, batch: dict, nsp: bool) -> float:
+    """Training FLOPs of one pretraining micro-batch, from CPU-side lengths (no device sync)."""
     c = model.config
     lengths = batch["attention_mask"].sum(1).tolist()
-    preds = batch["mlm_labels"].ne(-100).sum(1).tolist()
+    preds = batch["mlm_labels"].ne(IGNORE_INDEX).sum(1).tolist()
     return sum(bert_train_flops(layers=c.num_hidden_layers, hidden=c.hidden_size,
                                 intermediate=c.intermediate_size, vocab=c.padded_vocab_size,
                                 seq_len=s, predictions=p, nsp=nsp) for s, p in zip(lengths, preds))
@@ -43,33 +46,33 @@ def _peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux -> GiB
 
 
-def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, loss_fn, data,
+def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, task,
         info: DistInfo, loop_cfg: LoopConfig, cfg) -> dict:
     warmup, steps = cfg.benchmark.warmup_steps, cfg.benchmark.steps
     params = [p for p in wrapped.parameters() if p.requires_grad]
-    groups = group_micro_batches(data.train, loop_cfg.accumulation)
-    nsp = hasattr(model, "cls") and hasattr(model.cls, "seq_relationship")
+    groups = group_micro_batches(task.train, loop_cfg.accumulation)
     wrapped.train()
     for _ in range(warmup):
         group = [to_device(b, info.device) for b in next(groups)]
-        train_step(wrapped, group, loss_fn, optimizer, scheduler, precision, params,
+        train_step(wrapped, group, task.loss, optimizer, scheduler, precision, params,
                    loop_cfg.clip_norm)
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
-    # Host-side counts are taken before the batches move, so they add no device syncs.
-    totals = torch.zeros(3, dtype=torch.float64)  # sequences, real tokens, FLOPs (this rank)
+    # FLOPs are counted from the CPU batches before they move, and the loss's token counts stay
+    # on the device until the clock stops, so counting adds no syncs to the timed steps.
+    flops, seqs, tokens = 0.0, 0, torch.zeros((), dtype=torch.float64, device=info.device)
     _sync(info.device)
     t0 = time.perf_counter()
     for _ in range(steps):
         group = next(groups)
-        for b in group:
-            totals += torch.tensor([b["input_ids"].shape[0], float(b["attention_mask"].sum()),
-                                    _batch_flops(model, b, nsp)], dtype=torch.float64)
+        flops += sum(task.batch_flops(model, b) for b in group)
         group = [to_device(b, info.device) for b in group]
-        train_step(wrapped, group, loss_fn, optimizer, scheduler, precision, params,
-                   loop_cfg.clip_norm)
+        out = train_step(wrapped, group, task.loss, optimizer, scheduler, precision, params,
+                         loop_cfg.clip_norm)
+        seqs, tokens = seqs + out.sequences, tokens + out.tokens
     _sync(info.device)
     elapsed = time.perf_counter() - t0
+    totals = torch.tensor([seqs, float(tokens), flops], dtype=torch.float64)
     totals = all_reduce_sum(totals.to(info.device)).cpu()
     seqs, tokens, flops = totals.tolist()
     peak = peak_flops(info.device, precision.name)

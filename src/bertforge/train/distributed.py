@@ -89,6 +89,13 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    """Mean of ``t`` over ranks (``t`` itself in one process); every rank gets the result."""
+    if not dist.is_initialized():
+        return t
+    return all_reduce_sum(t) / dist.get_world_size()
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank if ``flag`` is True on any (used to agree on preemption)."""
     if not dist.is_initialized():

@@ -20,15 +20,16 @@ from typing import Callable, Iterable, Iterator, Protocol
 import torch
 from torch import nn
 
+from bertforge.batch import LossOutput, to_device
 from bertforge.errors import TrainingDiverged
 from bertforge.optim.lamb import clip_grad_norm_, global_grad_norm
 from bertforge.signals import STOP_SIGNALS
-from bertforge.train.distributed import DistInfo, all_reduce_sum, any_rank, no_sync
+from bertforge.train.distributed import DistInfo, all_reduce_mean, any_rank, no_sync
 from bertforge.train.precision import Precision
 
-# loss_fn(model, batch) -> (loss to backpropagate, stats). Stats are per-micro-batch tensors that
-# the loop averages over micro-steps and ranks (e.g. "mlm_loss", "mlm_acc").
-LossFn = Callable[[nn.Module, dict], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+# loss_fn(model, batch) -> LossOutput: the loss to backpropagate, per-micro-batch stats that the
+# loop averages over micro-steps and ranks (e.g. "mlm_loss", "mlm_acc"), and what to count.
+LossFn = Callable[[nn.Module, dict], LossOutput]
 
 
 class Scheduler(Protocol):
@@ -41,6 +42,8 @@ class StepResult:
     stats: dict[str, torch.Tensor]  # averaged over micro-steps (this rank)
     grad_norm: torch.Tensor         # before clipping
     skipped: bool                   # non-finite gradients: the weights were not touched
+    sequences: int = 0              # trained on in this step (this rank), as the loss counts
+    tokens: torch.Tensor | int = 0
 
 
 def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
@@ -55,15 +58,17 @@ def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
     """
     k = len(micro_batches)
     stats: dict[str, torch.Tensor] = {}
+    sequences, tokens = 0, 0
     for i, batch in enumerate(micro_batches):
         with no_sync(model, sync=i == k - 1), precision.autocast():
-            loss, parts = loss_fn(model, batch)
-        loss = loss / k
+            out = loss_fn(model, batch)
+        loss = out.loss / k
         if precision.scaler is not None:
             loss = precision.scaler.scale(loss)
         loss.backward()
-        for name, value in parts.items():
+        for name, value in out.stats.items():
             stats[name] = stats.get(name, 0.0) + value.detach().float() / k
+        sequences, tokens = sequences + out.sequences, tokens + out.tokens
 
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)
@@ -86,7 +91,8 @@ def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(stats=stats, grad_norm=grad_norm, skipped=not finite)
+    return StepResult(stats=stats, grad_norm=grad_norm, skipped=not finite, sequences=sequences,
+                      tokens=tokens)
 
 
 def group_micro_batches(batches: Iterable[dict], k: int) -> Iterator[list[dict]]:
@@ -97,11 +103,6 @@ def group_micro_batches(batches: Iterable[dict], k: int) -> Iterator[list[dict]]
         if len(group) == k:
             yield group
             group = []
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
-            for k, v in batch.items()}
 
 
 class PreemptionFlag:
@@ -194,8 +195,8 @@ class Trainer:
                 for name, value in {**out.stats, "grad_norm": out.grad_norm}.items():
                     window[name] = window.get(name, 0.0) + value
                 window_steps += 1
-                window_seqs += sum(int(b["input_ids"].shape[0]) for b in group)
-                window_tokens += sum(b["attention_mask"].sum() for b in group)
+                window_seqs += out.sequences
+                window_tokens += out.tokens
                 self.hooks.on_step(step)
 
                 if step % cfg.log_every == 0 or step == cfg.max_steps:
@@ -247,5 +248,4 @@ class Trainer:
         names = sorted(window)
         vec = torch.stack([torch.as_tensor(window[k], device=self.dist.device).float()
                            for k in names]) / n
-        vec = all_reduce_sum(vec) / self.dist.world_size
-        return dict(zip(names, vec.tolist()))
+        return dict(zip(names, all_reduce_mean(vec).tolist()))

@@ -1,0 +1,57 @@
+"""What flows from a data loader through a task's loss: the batch and the loss's report.
+
+One definition for every task, so the train loop, the benchmark and evaluation never guess at
+keys. A batch is a dict of tensors (a torch DataLoader moves and pins dicts natively); the keys a
+task may use are listed here with their shapes. ``IGNORE_INDEX`` marks a label position that no
+loss reads (cross-entropy's default ``ignore_index``, as in transformers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+class Batch(TypedDict, total=False):
+    """A collated micro-batch. B: sequences (examples), S: tokens, C: choices."""
+
+    input_ids: torch.Tensor        # (B, S) int64, or (B, C, S) for multiple choice
+    attention_mask: torch.Tensor   # same shape as input_ids: 1 = real token, 0 = padding
+    token_type_ids: torch.Tensor   # same shape as input_ids: 0 first segment, 1 second
+    mlm_labels: torch.Tensor       # (B, S) target id at masked positions, IGNORE_INDEX elsewhere
+    nsp_labels: torch.Tensor       # (B,) next-sentence / sentence-order label or IGNORE_INDEX
+    labels: torch.Tensor           # (B,) class id or float target; (B, S) per token (tagging)
+    start_positions: torch.Tensor  # (B,) QA answer start token (0 = [CLS]: no answer here)
+    end_positions: torch.Tensor    # (B,) QA answer end token (inclusive)
+    index: torch.Tensor            # (B,) row of the feature set (evaluation keeps the order)
+
+
+@dataclass
+class LossOutput:
+    """A task's loss on one micro-batch and what the loop should count and log.
+
+    ``sequences`` and ``tokens`` are what the micro-batch trained on, as the task defines them
+    (a multiple-choice example of C choices is one sequence of C x S tokens; padding is not a
+    token), so throughput means the same for every task. ``tokens`` may stay a device tensor:
+    the loop reads it only at log intervals.
+    """
+
+    loss: torch.Tensor
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)  # detached scalars to average
+    sequences: int = 0
+    tokens: torch.Tensor | int = 0
+
+
+def real_tokens(batch: Batch) -> torch.Tensor:
+    """Non-padding tokens of a batch (a 0-d tensor on the batch's device; no host sync)."""
+    return batch["attention_mask"].sum()
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """Tensors moved (asynchronously from pinned memory) to ``device``; other values kept."""
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
+            for k, v in batch.items()}

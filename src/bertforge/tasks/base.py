@@ -1,0 +1,56 @@
+"""What a task plugs into the one runner (``bertforge.train.run``).
+
+A task knows its data, its model class, its loss and its metrics; the runner owns everything
+else: restore and resume, precision, DDP, the train loop, logging, checkpoints, preemption,
+benchmark mode and the summary frame. Pretraining, SQuAD, GLUE/classification, SWAG and token
+classification are each one ``Task``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, Protocol
+
+from torch import nn
+
+from bertforge.batch import Batch, LossOutput
+
+
+class TrainStream(Protocol):
+    """This rank's training micro-batches: endless, resumable at a global-batch boundary."""
+
+    accumulation_steps: int
+    batches_per_epoch: int  # global batches (optimizer steps) per pass over the data
+
+    def __iter__(self) -> Iterator[Batch]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Task(Protocol):
+    name: str              # "pretraining", "squad", ...: the summary's first word
+    init_key: str          # the config key that starts a run from a checkpoint's weights only
+    tokenizer: Any         # saved with every checkpoint (None: the data records no tokenizer)
+    train: TrainStream
+
+    def build_model(self, resume_from: Path | None) -> nn.Module:
+        """The model to train, on the task's device: the checkpoint being resumed (already
+        verified), else the task's starting weights."""
+
+    def loss(self, model: nn.Module, batch: Batch) -> LossOutput: ...
+
+    @property
+    def has_validation(self) -> bool: ...
+
+    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
+        """Validation metrics (floats, flat names) on every rank; called only with validation."""
+
+    def batch_flops(self, model: nn.Module, batch: Batch) -> float:
+        """Training FLOPs of one micro-batch from its CPU tensors (benchmark MFU; no syncs)."""
+
+    def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
+        """After the last step, on every rank: write the task's own outputs (predictions,
+        eval_results.json, the final model) and return what the summary should report."""
+
+    def describe(self, last: dict, validation: dict) -> list[str]:
+        """The task's lines of the end-of-run summary (its losses and metrics)."""
