@@ -33,7 +33,8 @@ from bertforge.models.heads import (
     BertForTokenClassification,
 )
 from bertforge.models.bert import BertModel
-from bertforge.models.loading import BertPreTrainedModel, load_torch_file, strip_wrapper_prefixes
+from bertforge.models.bert import BertPreTrainedModel
+from bertforge.models.hub import load_torch_file, strip_wrapper_prefixes
 
 _TRUST_REMEDY = (
     "NVIDIA pretraining checkpoints often pickle the data loader or the run's arguments. If you trust "

@@ -68,7 +68,7 @@ def test_round_trip_is_exact_and_file_holds_real_vocab_rows(pretraining_dir) -> 
 
 def test_base_prefix_is_handled_both_ways(pretraining_dir, tmp_path, caplog) -> None:
     path, model = pretraining_dir
-    caplog.set_level(logging.INFO, logger="bertforge.models.loading")
+    caplog.set_level(logging.INFO, logger="bertforge.models.hub")
     base = BertModel.from_pretrained(path)  # 'bert.' stripped, MLM/NSP heads dropped
     states_equal(base, model, prefix_b="bert.")
     assert "weights of other heads" in caplog.text and "cls.seq_relationship.weight" in caplog.text
@@ -81,7 +81,7 @@ def test_base_prefix_is_handled_both_ways(pretraining_dir, tmp_path, caplog) -> 
 
 def test_fine_tuning_start_initialises_new_head(pretraining_dir, caplog) -> None:
     path, model = pretraining_dir
-    caplog.set_level(logging.INFO, logger="bertforge.models.loading")
+    caplog.set_level(logging.INFO, logger="bertforge.models.hub")
     clf = BertForSequenceClassification.from_pretrained(path, num_labels=3, hidden_dropout_prob=0.0)
     assert clf.classifier.weight.shape == (3, 32) and clf.config.hidden_dropout_prob == 0.0
     assert "classifier.weight" in caplog.text and "cls.predictions.bias" in caplog.text
@@ -139,7 +139,7 @@ def test_wrong_shapes_show_both_sides(pretraining_dir) -> None:
 def test_mismatched_head_can_start_fresh(tmp_path, caplog) -> None:
     three = spread_(BertForSequenceClassification(BertConfig(**TINY), num_labels=3))
     three.save_pretrained(tmp_path)
-    caplog.set_level(logging.INFO, logger="bertforge.models.loading")
+    caplog.set_level(logging.INFO, logger="bertforge.models.hub")
     five = BertForSequenceClassification.from_pretrained(tmp_path, num_labels=5, ignore_mismatched_heads=True)
     assert five.classifier.weight.shape == (5, 32) and five.classifier.bias.abs().sum() == 0
     assert "newly initialised: classifier.weight, classifier.bias" in caplog.text

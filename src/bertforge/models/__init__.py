@@ -15,7 +15,8 @@ from bertforge.models.heads import (
     MaskedLMOutput,
     QuestionAnsweringOutput,
 )
-from bertforge.models.loading import BertPreTrainedModel, LoadReport, read_weights
+from bertforge.models.bert import BertPreTrainedModel
+from bertforge.models.hub import LoadReport, PreTrainedModel, read_weights
 from bertforge.models.presets import PRESETS, get_preset, preset_names
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "ClassifierOutput",
     "LoadReport",
     "MaskedLMOutput",
+    "PreTrainedModel",
     "QuestionAnsweringOutput",
     "get_preset",
     "preset_names",

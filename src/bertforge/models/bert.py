@@ -18,7 +18,71 @@ from torch.utils.checkpoint import checkpoint
 from bertforge.errors import DataError
 from bertforge.models.attention import BertAttention, BertResidualOutput, attention_keep_mask
 from bertforge.models.config import BertConfig
-from bertforge.models.loading import BertPreTrainedModel
+from bertforge.models.hub import PreTrainedModel
+
+
+class BertPreTrainedModel(PreTrainedModel):
+    """Base of all bertforge BERT classes: BERT's names for the generic loading code, and its
+    weight initialisation."""
+
+    config: BertConfig
+    config_class = BertConfig
+    checkpoint_prefix = "bert"
+    base_model_prefix = "bert"
+    body_prefixes = ("embeddings.", "encoder.", "pooler.")
+    head_prefixes = ("bert.pooler.", "pooler.", "cls.predictions.", "cls.seq_relationship.",
+                     "qa_outputs.", "classifier.")
+    tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+    vocab_row_suffixes = ("embeddings.word_embeddings.weight", "cls.predictions.bias")
+
+    # ------------------------------------------------------------------ initialisation
+    def init_weights(self, skip_prefix: str | None = None) -> None:
+        """BERT initialisation: weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0.
+
+        Embedding rows past ``vocab_size`` and the [PAD] row are zeroed. ``skip_prefix`` names a
+        submodule already initialised by its own constructor (the encoder inside task models).
+        """
+        std = self.config.initializer_range
+        with torch.no_grad():
+            for name, module in self.named_modules():
+                if skip_prefix and (name == skip_prefix or name.startswith(skip_prefix + ".")):
+                    continue
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    module.weight.normal_(0.0, std)
+                    if isinstance(module, nn.Linear) and module.bias is not None:
+                        module.bias.zero_()
+                elif isinstance(module, nn.LayerNorm):
+                    module.weight.fill_(1.0)
+                    module.bias.zero_()
+            # A tied decoder re-draws the embedding matrix above, so the zero rows are set last.
+            emb = self.word_embeddings()
+            emb.weight[self.config.vocab_size :].zero_()
+            if emb.padding_idx is not None:
+                emb.weight[emb.padding_idx].zero_()
+
+    def word_embeddings(self) -> nn.Embedding:
+        """The (padded_vocab_size, H) input embedding table."""
+        base = getattr(self, self.base_model_prefix) if self.base_model_prefix else self
+        return base.embeddings.word_embeddings
+
+    def rename_legacy(self, name: str) -> str:
+        # TensorFlow checkpoints name LayerNorm's parameters gamma and beta.
+        if name.endswith("LayerNorm.gamma"):
+            return name[: -len("gamma")] + "weight"
+        if name.endswith("LayerNorm.beta"):
+            return name[: -len("beta")] + "bias"
+        return name
+
+    def normalize_legacy(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # Older checkpoints store the MLM bias only as the decoder's bias.
+        if "cls.predictions.decoder.bias" in tensors and "cls.predictions.bias" not in tensors:
+            tensors["cls.predictions.bias"] = tensors["cls.predictions.decoder.bias"]
+        return tensors
+
+    def mismatch_hints(self, names: list[str]) -> list[str]:
+        if any("final_layer_norm" in k for k in names):
+            return ["The checkpoint and config.json disagree on pre_layernorm."]
+        return []
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:

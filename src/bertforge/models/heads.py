@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bertforge.models.bert import BertModel, activation
+from bertforge.models.bert import BertModel, BertPreTrainedModel, activation
 from bertforge.models.config import BertConfig
-from bertforge.models.loading import BertPreTrainedModel
 
 
 @dataclass

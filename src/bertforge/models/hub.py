@@ -1,14 +1,18 @@
-"""Reading and writing Hugging Face model directories; mixed into every bertforge BERT class.
+"""Reading and writing Hugging Face model directories: the base of every bertforge model family.
 
-A model directory is ``config.json`` + ``model.safetensors`` (or ``pytorch_model.bin``, possibly
-sharded with an ``*.index.json``). Loading is strict about the encoder body and lenient about heads:
+A family (BERT, BART) subclasses ``PreTrainedModel`` and declares, as class attributes, what the
+generic code needs to know about its names: its config class, the base-model prefix of its files
+(``bert.``), the prefixes of its body and of its heads, its tied (aliased) keys and the tensors
+with one row per vocabulary entry. A model directory is ``config.json`` + ``model.safetensors``
+(or ``pytorch_model.bin``, possibly sharded with an ``*.index.json``). Loading is strict about
+the body and lenient about heads:
 
-* checkpoint names are normalised first: ``module.``/``_orig_mod.`` wrappers stripped, TF-style
-  ``LayerNorm.gamma/beta`` renamed, non-persistent buffers (``position_ids``) and the tied decoder
-  (``cls.predictions.decoder.*``) dropped, and the ``bert.`` base-model prefix added or removed to
-  fit the target class;
-* a head of the target class (pooler, MLM, NSP, QA, classifier) absent from the checkpoint keeps
-  its fresh initialisation (logged at INFO: the normal start of fine-tuning);
+* checkpoint names are normalised first: ``module.``/``_orig_mod.`` wrappers stripped, the
+  family's legacy names renamed (BERT: TF-style ``LayerNorm.gamma/beta``), non-persistent buffers
+  (``position_ids``) and tied aliases (BERT: ``cls.predictions.decoder.*``) dropped, and the
+  base-model prefix added or removed to fit the target class;
+* a head of the target class (e.g. pooler, MLM, NSP, QA, classifier) absent from the checkpoint
+  keeps its fresh initialisation (logged at INFO: the normal start of fine-tuning);
 * weights of a head the target class lacks are dropped (logged at INFO);
 * anything else missing, unexpected or of the wrong shape raises ``CheckpointError``.
 
@@ -31,20 +35,13 @@ from torch import nn
 
 from bertforge.errors import CheckpointError
 from bertforge.io import atomic_write
-from bertforge.models.config import BertConfig
 
 logger = logging.getLogger(__name__)
 
-# Prefixes of head modules across all BERT task classes (with and without the base prefix).
-HEAD_PREFIXES = ("bert.pooler.", "pooler.", "cls.predictions.", "cls.seq_relationship.", "qa_outputs.", "classifier.")
-# Aliases of other parameters: never written, ignored when read.
-TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-_VOCAB_ROW_SUFFIXES = ("embeddings.word_embeddings.weight", "cls.predictions.bias")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
-_BODY_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 _MAX_LISTED = 12
 
-ModelT = TypeVar("ModelT", bound="BertPreTrainedModel")
+ModelT = TypeVar("ModelT", bound="PreTrainedModel")
 
 
 @dataclass
@@ -57,42 +54,40 @@ class LoadReport:
     """Checkpoint weights of heads this class does not have."""
 
 
-class BertPreTrainedModel(nn.Module):
-    """Base of all bertforge BERT classes: weight init, HF state dicts, from/save_pretrained."""
+class PreTrainedModel(nn.Module):
+    """Base of every bertforge model class: HF state dicts, from/save_pretrained.
 
-    config: BertConfig
-    base_model_prefix: ClassVar[str] = "bert"
-    """Attribute holding the encoder in task models; "" for ``BertModel`` itself."""
+    A family's base class sets the class attributes below; its task classes inherit them.
+    """
 
-    # ------------------------------------------------------------------ initialisation
-    def init_weights(self, skip_prefix: str | None = None) -> None:
-        """BERT initialisation: weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0.
-
-        Embedding rows past ``vocab_size`` and the [PAD] row are zeroed. ``skip_prefix`` names a
-        submodule already initialised by its own constructor (the encoder inside task models).
-        """
-        std = self.config.initializer_range
-        with torch.no_grad():
-            for name, module in self.named_modules():
-                if skip_prefix and (name == skip_prefix or name.startswith(skip_prefix + ".")):
-                    continue
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    module.weight.normal_(0.0, std)
-                    if isinstance(module, nn.Linear) and module.bias is not None:
-                        module.bias.zero_()
-                elif isinstance(module, nn.LayerNorm):
-                    module.weight.fill_(1.0)
-                    module.bias.zero_()
-            # A tied decoder re-draws the embedding matrix above, so the zero rows are set last.
-            emb = self.word_embeddings()
-            emb.weight[self.config.vocab_size :].zero_()
-            if emb.padding_idx is not None:
-                emb.weight[emb.padding_idx].zero_()
+    config: Any
+    config_class: ClassVar[Any]
+    """Has ``load(path)``, ``replace(**overrides)``, ``to_json_file(path)`` and ``vocab_size``."""
+    checkpoint_prefix: ClassVar[str]
+    """Prefix of the base model's weights in the family's files, e.g. "bert"."""
+    base_model_prefix: ClassVar[str]
+    """Attribute holding the base model in task models; "" for the base model class itself."""
+    body_prefixes: ClassVar[tuple[str, ...]]
+    """Base-model weight prefixes without ``checkpoint_prefix`` (files of the bare base model)."""
+    head_prefixes: ClassVar[tuple[str, ...]]
+    """Prefixes of head modules across the family's task classes (with and without the base
+    prefix): absent heads start fresh, extra heads are dropped."""
+    tied_keys: ClassVar[tuple[str, ...]] = ()
+    """Aliases of other parameters: never written, ignored when read."""
+    vocab_row_suffixes: ClassVar[tuple[str, ...]] = ()
+    """Tensors with one row per vocabulary entry (padded in memory, trimmed in files)."""
 
     def word_embeddings(self) -> nn.Embedding:
         """The (padded_vocab_size, H) input embedding table."""
-        base = getattr(self, self.base_model_prefix) if self.base_model_prefix else self
-        return base.embeddings.word_embeddings
+        raise NotImplementedError
+
+    def rename_legacy(self, name: str) -> str:
+        """The current name of a weight saved under an older naming scheme of the family."""
+        return name
+
+    def mismatch_hints(self, names: list[str]) -> list[str]:
+        """Family-specific advice for a failed load that involves these weight names."""
+        return []
 
     # ------------------------------------------------------------------ state dicts
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -100,10 +95,10 @@ class BertPreTrainedModel(nn.Module):
         the tied decoder aliases left out (transformers re-ties them on load)."""
         out: dict[str, torch.Tensor] = {}
         for name, tensor in self.state_dict().items():
-            if name in TIED_KEYS:
+            if name in self.tied_keys:
                 continue
             tensor = tensor.detach()
-            if name.endswith(_VOCAB_ROW_SUFFIXES):
+            if name.endswith(self.vocab_row_suffixes):
                 tensor = tensor[: self.config.vocab_size].clone()  # own storage: safetensors rejects views
             out[name] = tensor
         return out
@@ -120,21 +115,21 @@ class BertPreTrainedModel(nn.Module):
             CheckpointError: missing body weights, unknown weights, or shape mismatches (all listed).
         """
         tensors = self._normalize_names(state_dict, source)
-        own = {k: v for k, v in self.state_dict(keep_vars=True).items() if k not in TIED_KEYS}
+        own = {k: v for k, v in self.state_dict(keep_vars=True).items() if k not in self.tied_keys}
         if ignore_mismatched_heads:
-            for prefix in HEAD_PREFIXES:
+            for prefix in self.head_prefixes:
                 group = [k for k in own if k.startswith(prefix) and k in tensors]
                 if any(not self._shape_ok(k, tensors[k].shape, own[k].shape) for k in group):
                     tensors = {k: v for k, v in tensors.items() if not k.startswith(prefix)}
         report = LoadReport()
         missing = [k for k in own if k not in tensors]
         unexpected = [k for k in tensors if k not in own]
-        for prefix in HEAD_PREFIXES:
+        for prefix in self.head_prefixes:
             group = [k for k in own if k.startswith(prefix)]
             if group and all(k in missing for k in group):
                 report.initialized += group
                 missing = [k for k in missing if k not in group]
-        report.dropped = [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
+        report.dropped = [k for k in unexpected if k.startswith(self.head_prefixes)]
         unexpected = [k for k in unexpected if k not in report.dropped]
         wrong_shape = [
             (k, tuple(tensors[k].shape), tuple(own[k].shape))
@@ -149,7 +144,7 @@ class BertPreTrainedModel(nn.Module):
                 if name not in tensors:
                     continue
                 src = tensors[name]
-                if name.endswith(_VOCAB_ROW_SUFFIXES):
+                if name.endswith(self.vocab_row_suffixes):
                     target[:vocab].copy_(src[:vocab])
                     target[vocab:].zero_()
                 else:
@@ -170,30 +165,29 @@ class BertPreTrainedModel(nn.Module):
                     f"{source}: entry {name!r} is a {type(tensor).__name__}, not a tensor; expected a flat "
                     "mapping of parameter names to tensors"
                 )
-            name = strip_wrapper_prefixes(name)
-            if name.endswith("LayerNorm.gamma"):
-                name = name[: -len("gamma")] + "weight"
-            elif name.endswith("LayerNorm.beta"):
-                name = name[: -len("beta")] + "bias"
+            name = self.rename_legacy(strip_wrapper_prefixes(name))
             if name.endswith((".position_ids", "embeddings.token_type_ids")):
                 continue  # buffers older transformers versions saved; recomputed here
             out[name] = tensor
-        # Older checkpoints store the MLM bias only as the decoder's bias.
-        if "cls.predictions.decoder.bias" in out and "cls.predictions.bias" not in out:
-            out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"]
-        for key in TIED_KEYS:
+        out = self.normalize_legacy(out)
+        for key in self.tied_keys:
             out.pop(key, None)
-        has_prefix = any(k.startswith("bert.") for k in out)
+        base = self.checkpoint_prefix + "."
+        has_prefix = any(k.startswith(base) for k in out)
         if not self.base_model_prefix and has_prefix:
-            out = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in out.items()}
+            out = {k[len(base):] if k.startswith(base) else k: v for k, v in out.items()}
         elif self.base_model_prefix and not has_prefix:
-            out = {("bert." + k if k.startswith(_BODY_PREFIXES) else k): v for k, v in out.items()}
+            out = {(base + k if k.startswith(self.body_prefixes) else k): v for k, v in out.items()}
         return out
+
+    def normalize_legacy(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Family hook over the whole renamed mapping (e.g. weights stored under an alias)."""
+        return tensors
 
     def _shape_ok(self, name: str, got: torch.Size, want: torch.Size) -> bool:
         if got == want:
             return True
-        if not name.endswith(_VOCAB_ROW_SUFFIXES) or got[1:] != want[1:]:
+        if not name.endswith(self.vocab_row_suffixes) or got[1:] != want[1:]:
             return False
         rows, vocab = got[0], self.config.vocab_size
         # Real rows, or real rows plus padding to a power-of-two multiple (NVIDIA pads to 8).
@@ -214,12 +208,10 @@ class BertPreTrainedModel(nn.Module):
         section("missing from the checkpoint", [f"{k} (model expects {list(own[k].shape)})" for k in missing])
         section("unexpected in the checkpoint", [f"{k} {list(tensors[k].shape)}" for k in unexpected])
         section("wrong shape", [f"{k}: checkpoint {list(g)}, model expects {list(w)}" for k, g, w in wrong_shape])
-        names = missing + unexpected + [k for k, _, _ in wrong_shape]
-        if any("final_layer_norm" in k for k in names):
-            lines.append("  The checkpoint and config.json disagree on pre_layernorm.")
+        lines += [f"  {hint}" for hint in self.mismatch_hints(missing + unexpected + [k for k, _, _ in wrong_shape])]
         lines.append("  Check that config.json (layers, sizes, vocab_size, num_labels) matches the weights; "
                      "pass the right values as overrides, e.g. from_pretrained(path, num_labels=3).")
-        if any(k.startswith(HEAD_PREFIXES) for k, _, _ in wrong_shape):
+        if any(k.startswith(self.head_prefixes) for k, _, _ in wrong_shape):
             lines.append("  To replace a head of another size with a fresh one, pass ignore_mismatched_heads=True.")
         return "\n".join(lines)
 
@@ -237,9 +229,9 @@ class BertPreTrainedModel(nn.Module):
         if not path.is_dir():
             raise CheckpointError(
                 f"{path} is not a model directory (expected a folder with config.json and model.safetensors); "
-                "to start from scratch, build the model from BertConfig.from_preset(name)"
+                f"to start from scratch, build the model from {cls.config_class.__name__}.from_preset(name)"
             )
-        config = BertConfig.load(path)
+        config = cls.config_class.load(path)
         if config_overrides:
             config = config.replace(**config_overrides)
         model = cls(config)
@@ -259,7 +251,7 @@ class BertPreTrainedModel(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         config = self.config.replace(architectures=[type(self).__name__])
         tok_lower = getattr(tokenizer, "do_lower_case", None)
-        if isinstance(tok_lower, bool):
+        if isinstance(tok_lower, bool) and hasattr(config, "do_lower_case"):
             if config.do_lower_case is None:
                 config = config.replace(do_lower_case=tok_lower)
             elif config.do_lower_case != tok_lower:
