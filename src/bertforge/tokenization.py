@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence, Union
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
@@ -22,7 +24,7 @@ from tokenizers.models import WordPiece
 from bertforge.errors import DataError
 from bertforge.io import atomic_write, write_json_atomic, write_text_atomic
 
-__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "check_casing", "read_vocab_tokens", "read_vocab_txt",
+__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "Window", "check_casing", "read_vocab_tokens", "read_vocab_txt",
            "vocab_casing", "vocab_hash"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -115,6 +117,26 @@ def check_casing(vocab_tokens: Sequence[str], do_lower_case: bool, source: str) 
             "lower-casing is off, so capitalised words would become [UNK] or rare pieces. "
             "Lower-case the input (lowercase=True, drop --cased) or use a cased vocabulary."
         )
+
+
+Text = Union[str, Sequence[str]]  # a string, or pre-split words (token classification)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One encoded sequence (or one overflowing window of a long input) with its alignment.
+
+    Fine-tuning needs more than ids: QA maps answer characters to tokens through ``offsets`` and
+    keeps only context tokens as answer candidates (``sequence_ids``); token classification
+    labels the first sub-token of each word (``word_ids``).
+    """
+
+    ids: list[int]
+    type_ids: list[int]
+    offsets: list[tuple[int, int]]     # character span in its own text (or word); (0, 0) for specials
+    sequence_ids: list[int | None]     # 0: first text, 1: second text, None: [CLS]/[SEP]
+    word_ids: list[int | None]         # index of the word in its text; None for specials
+    source: int                        # index of the input (pair) this window was cut from
 
 
 def _bert_normalizer(lowercase: bool) -> normalizers.Normalizer:
@@ -267,6 +289,65 @@ class BertTokenizer:
         """Ids of many texts at once (parallel in Rust); no special tokens by default."""
         encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encodings]
+
+    @contextmanager
+    def _truncating(self, max_length: int, stride: int, strategy: str) -> Iterator[None]:
+        self.backend.enable_truncation(max_length, stride=stride, strategy=strategy)
+        try:
+            yield
+        finally:
+            self.backend.no_truncation()
+
+    def encode_windows(
+        self,
+        first: Sequence[Text],
+        second: Sequence[Text] | None = None,
+        *,
+        max_length: int,
+        stride: int = 0,
+        truncation: str = "longest_first",
+        overflow: bool = False,
+        is_pretokenized: bool = False,
+    ) -> list[Window]:
+        """Encode many texts (or pairs) with special tokens, truncated to ``max_length`` tokens.
+
+        ``truncation``: ``longest_first`` (trim the longer text of a pair token by token),
+        ``only_first`` or ``only_second`` (QA: the question is kept whole, the context cut).
+        With ``overflow`` the cut-off tokens are not dropped but continue in further windows,
+        each repeating the last ``stride`` tokens of the previous one, so every token is seen
+        with some context on both sides. Windows come out grouped by input, in order, and
+        ``Window.source`` names their input. ``is_pretokenized``: each text is a list of words.
+        """
+        if second is not None and len(second) != len(first):
+            raise ValueError(f"first and second must have the same length, got {len(first)} "
+                             f"and {len(second)}")
+        if max_length < 3 + (second is not None):
+            raise ValueError(f"max_length must leave room for special tokens, got {max_length}")
+        if stride < 0:
+            raise ValueError(f"stride must be >= 0, got {stride}")
+        inputs = list(first) if second is None else list(zip(first, second))
+        if not inputs:
+            return []
+        with self._truncating(max_length, stride if overflow else 0, truncation):
+            encodings = self.backend.encode_batch(inputs, is_pretokenized=is_pretokenized,
+                                                  add_special_tokens=True)
+        windows: list[Window] = []
+        for source, enc in enumerate(encodings):
+            for part in [enc] + (list(enc.overflowing) if overflow else []):
+                windows.append(Window(ids=part.ids, type_ids=part.type_ids, offsets=part.offsets,
+                                      sequence_ids=part.sequence_ids, word_ids=part.word_ids,
+                                      source=source))
+        return windows
+
+    def truncate_text(self, text: str, max_tokens: int) -> str:
+        """``text`` cut after its first ``max_tokens`` WordPiece tokens (at a character offset), so
+        that it can be encoded again whole; unchanged when it is short enough."""
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        offsets = self.backend.encode(text, add_special_tokens=False).offsets
+        if len(offsets) <= max_tokens:
+            return text
+        return text[: offsets[max_tokens - 1][1]]
 
     def tokenize(self, text: str) -> list[str]:
         """WordPiece tokens of ``text``, without special tokens."""

@@ -1,0 +1,55 @@
+"""The example types every fine-tuning reader returns.
+
+Readers turn each file layout (GLUE's TSVs, CSV/JSON Lines exports, SWAG, CoNLL) into these few
+shapes so that tokenization and batching never see a file format. Each example keeps ``source``
+("FILE:LINE") so that a problem found later (a label unseen in training, a text too long) can
+still name the line it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TextExample:
+    """One sentence or sentence pair for classification or regression.
+
+    ``label`` is a class name (str), a score (float, regression) or None (unlabeled data).
+    """
+
+    id: str
+    text_a: str
+    text_b: str | None
+    label: str | float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class ChoiceExample:
+    """A multiple-choice question such as SWAG's.
+
+    The model scores one pair per ending: (``context``, ``start + " " + ending``). ``label`` is
+    the index of the right ending, or None for unlabeled data.
+    """
+
+    id: str
+    context: str
+    start: str
+    endings: list[str]
+    label: int | None
+    source: str
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (first, second) segment pair the model sees for each ending, in ending order."""
+        return [(self.context, f"{self.start} {ending}".strip()) for ending in self.endings]
+
+
+@dataclass(frozen=True)
+class TaggedExample:
+    """One sentence for token classification; ``tags`` is None for unlabeled data."""
+
+    id: str
+    tokens: list[str]
+    tags: list[str] | None
+    source: str
