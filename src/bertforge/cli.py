@@ -102,6 +102,52 @@ def _pretrain(args: argparse.Namespace, extra: list) -> int:
     return 0
 
 
+def _finetune(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.config import FinetuneConfig, load_config
+    from bertforge.recipes import resolve_recipe
+
+    recipe = resolve_recipe(args.config) if args.config else None
+    cfg = load_config(FinetuneConfig, recipe, extra)  # before torch: config errors are instant
+    from bertforge.tasks.finetune import benchmark_finetuning, finetune, finetune_seeds
+
+    if args.benchmark:
+        benchmark_finetuning(cfg)
+    elif args.seeds:
+        finetune_seeds(cfg, args.seeds)
+    else:
+        finetune(cfg)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, extra: list) -> int:
+    import json
+
+    from bertforge.metrics.squad import evaluate_squad_files
+
+    scores = evaluate_squad_files(Path(args.data), Path(args.predictions),
+                                  Path(args.na_probs) if args.na_probs else None)
+    print(json.dumps(scores, indent=2))
+    return 0
+
+
+def _predict(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.inference.predict import predict_file
+
+    out = predict_file(Path(args.model), Path(args.data), Path(args.output), extra)
+    print(f"wrote predictions to {out}")
+    return 0
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text}")
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"expected seeds >= 0, got {text}")
+    return seeds
+
+
 def _plan(args: argparse.Namespace, extra: list) -> int:
     from bertforge.train.plan import plan_batch
 
@@ -187,12 +233,43 @@ def build_parser() -> argparse.ArgumentParser:
                    + "\n".join(describe(PretrainConfig))
                    + f"\n\nrecipes (--config NAME, folder optional; copy one from {RECIPES_DIR} "
                      "to edit it):\n"
-                   + "\n".join(f"  {name}" for name in list_recipes()))
+                   + "\n".join(f"  {name}" for name in list_recipes("pretrain", "debug")))
     p.add_argument("--config", default=None,
                    help="A recipe name (see below) or a YAML file.")
     p.add_argument("--benchmark", action="store_true",
                    help="Warm up, time benchmark.steps steps, report sequences/s, MFU and memory; "
                         "no checkpoints.")
+
+    from bertforge.config import FinetuneConfig
+
+    p = add("finetune", _finetune, "Fine-tune and evaluate on SQuAD, GLUE, your own "
+            "classification data, SWAG or token classification.",
+            epilog="config keys (set in the YAML file or as --key=value):\n"
+                   + "\n".join(describe(FinetuneConfig))
+                   + "\n\nrecipes (--config NAME):\n"
+                   + "\n".join(f"  {name}" for name in list_recipes("finetune")))
+    p.add_argument("--config", default=None, help="A recipe name (see below) or a YAML file.")
+    p.add_argument("--seeds", type=_seed_list, default=None, metavar="S1,S2,...",
+                   help="Run once per seed (output_dir/seed-N) and report each and the median.")
+    p.add_argument("--benchmark", action="store_true",
+                   help="Time benchmark.steps training steps; report sequences/s and MFU.")
+
+    p = add("evaluate", _evaluate, "Score predictions with the official SQuAD v1.1/v2.0 metrics.")
+    p.add_argument("what", choices=["squad"], help="What to evaluate.")
+    p.add_argument("--data", required=True, help="The SQuAD dev JSON (v1.1 or v2.0).")
+    p.add_argument("--predictions", required=True, help="predictions.json: question id -> answer.")
+    p.add_argument("--na-probs", default=None,
+                   help="v2.0: null_odds.json (no-answer scores) for the best-threshold search.")
+
+    p = add("predict", _predict, "Predict with a fine-tuned model on new data (no labels "
+            "needed); extra --key=value options are fine-tuning config keys (e.g. "
+            "--eval.batch_size=128).")
+    p.add_argument("--model", required=True, help="A directory written by `bertforge finetune`.")
+    p.add_argument("--data", required=True,
+                   help="SQuAD JSON / JSONL questions, or TSV/CSV/JSONL sentences, or CoNLL/JSONL "
+                        "tokens, as the model's task reads them.")
+    p.add_argument("--output", required=True,
+                   help="File to write (SQuAD: id -> answer JSON; others: JSON Lines).")
 
     p = add("plan", _plan, "Propose micro-batch size and accumulation for a GPU setup.")
     p.add_argument("--model", default="bert-large-uncased", help="Preset name or config.json.")
@@ -212,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "pretrain":
+    if extra and args.command not in ("pretrain", "finetune", "predict"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s"

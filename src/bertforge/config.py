@@ -181,6 +181,114 @@ class PretrainConfig(RunConfig):
                      run_defining=True)
 
 
+FINETUNE_TASKS = ("squad", "glue", "classification", "swag", "token-classification")
+
+
+@dataclass
+class FinetuneDataConfig:
+    train: Optional[str] = opt(None, "Training file (format by task: SQuAD JSON/JSONL, GLUE TSV or "
+                               "CSV/TSV/JSONL, SWAG CSV, CoNLL/JSONL); unset = evaluate only.",
+                               run_defining=True)
+    validation: Optional[str] = opt(None, "Evaluation file, scored during/after training (MNLI: "
+                                    "dev_matched).")
+    validation_mismatched: Optional[str] = opt(None, "MNLI only: dev_mismatched, reported as "
+                                               "accuracy_mm.")
+    task_name: Optional[str] = opt(None, "GLUE task: cola sst2 mrpc stsb qqp mnli qnli rte wnli.",
+                                   run_defining=True)
+    max_seq_length: Optional[int] = opt(None, "Tokens per sequence (pair); default 384 for squad, "
+                                        "128 otherwise.", run_defining=True)
+    doc_stride: int = opt(128, "squad: tokens between the starts of consecutive windows of a long "
+                          "context.", run_defining=True)
+    max_query_length: int = opt(64, "squad: questions are cut to this many tokens.",
+                                run_defining=True)
+    text_columns: Optional[List[str]] = opt(None, "classification: one or two text columns; "
+                                            "default: detected from the header.",
+                                            run_defining=True)
+    label_column: Optional[str] = opt(None, "classification: the label column; default: detected.",
+                                      run_defining=True)
+    regression: bool = opt(False, "classification: the label is a number (one output, MSE loss).",
+                           run_defining=True)
+    max_train_examples: Optional[int] = opt(None, "Use only the first N training examples.",
+                                            run_defining=True)
+    max_eval_examples: Optional[int] = opt(None, "Evaluate on the first N examples only.")
+
+    def __post_init__(self) -> None:
+        for name in ("max_seq_length", "max_train_examples", "max_eval_examples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"data.{name} must be >= 1, got {value}")
+        for name in ("doc_stride", "max_query_length"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        if self.text_columns is not None and not 1 <= len(self.text_columns) <= 2:
+            raise ConfigError(f"data.text_columns takes one or two column names, got "
+                              f"{list(self.text_columns)}")
+
+
+@dataclass
+class EvalConfig:
+    batch_size: int = opt(64, "Sequences per evaluation forward pass on one rank.")
+    n_best_size: int = opt(20, "squad: candidate start and end tokens kept per window.")
+    max_answer_length: int = opt(30, "squad: longest answer in tokens.")
+    null_score_diff_threshold: float = opt(0.0, "squad v2.0: answer \"\" when the no-answer score "
+                                           "beats the best span by more than this.")
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "n_best_size", "max_answer_length"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class FinetuneTrainConfig(TrainConfig):
+    max_steps: Optional[int] = opt(None, "Optimizer steps; default: train.epochs passes over the "
+                                   "training data.", run_defining=True)
+    epochs: float = opt(2.0, "Passes over the training data (when max_steps is not set).",
+                        run_defining=True)
+    global_batch_size: int = opt(32, "Sequences (examples) per optimizer step, over all ranks "
+                                 "and accumulation micro-steps.", run_defining=True)
+    micro_batch_size: int = opt(32, "Sequences per forward/backward on one rank.")
+    eval_batches: int = opt(0, "Unused by fine-tuning: evaluation always covers the whole "
+                            "validation file (see data.max_eval_examples).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.epochs > 0:
+            raise ConfigError(f"train.epochs must be > 0, got {self.epochs}")
+
+
+@dataclass
+class FinetuneOptimConfig(OptimConfig):
+    name: str = opt("adamw", "Optimizer: adamw (the usual for fine-tuning) or lamb.")
+    lr: float = opt(5e-5, "Peak learning rate.")
+    warmup: float = opt(0.1, "Warm-up length as a fraction of the run's steps.")
+    schedule: str = opt("linear", "LR schedule after warm-up: linear (to 0), poly, constant.")
+
+
+@dataclass
+class FinetuneConfig(RunConfig):
+    task: str = opt("classification", "squad, glue, classification, swag or token-classification.",
+                    run_defining=True)
+    model: Optional[str] = opt(None, "Starting point: a Hugging Face BERT directory or a bertforge "
+                               "checkpoint (with its tokenizer); heads it lacks start fresh.",
+                               run_defining=True)
+    output_dir: str = opt("runs/finetune", "Where checkpoints, metrics, predictions, "
+                          "eval_results.json and the final model go.")
+    train: FinetuneTrainConfig = opt(help="Steps and batch sizes.", factory=FinetuneTrainConfig)
+    optim: FinetuneOptimConfig = opt(help="Optimizer and LR schedule.",
+                                     factory=FinetuneOptimConfig, run_defining=True)
+    data: FinetuneDataConfig = opt(help="Task data.", factory=FinetuneDataConfig)
+    eval: EvalConfig = opt(help="Evaluation and prediction.", factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.task, "task", FINETUNE_TASKS, ConfigError)
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.data.max_seq_length or (384 if self.task == "squad" else 128)
+
+
 # --- loading -------------------------------------------------------------------------------
 
 
@@ -296,5 +404,6 @@ def describe(cls: type, prefix: str = "") -> list[str]:
         has_factory = f.default_factory is not dataclasses.MISSING
         default = f.default_factory() if has_factory else f.default
         typ = getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
-        lines.append(f"  --{key}={default!r}  ({typ})\n      {f.metadata.get('help', '')}")
+        mark = "  [run-defining: a resume must match]" if f.metadata.get("run_defining") else ""
+        lines.append(f"  --{key}={default!r}  ({typ}){mark}\n      {f.metadata.get('help', '')}")
     return lines

@@ -203,6 +203,10 @@ def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size
 class PretrainingLoader:
     """Infinite iterator of this rank's micro-batches, resumable at any global batch.
 
+    The order is generic; what a batch holds is not: by default samples are masked for
+    pretraining (``MicroBatchMaker``), and a task may pass ``make_batch``, a picklable
+    ``(epoch, indices) -> batch`` (``MicroBatchMaker.__getitem__``'s signature), instead.
+
     Iterating yields contracts.md micro-batch dicts forever; ``epoch`` advances on its own and
     the train loop decides when to stop. ``state_dict()`` taken after the last micro-batch of a
     global batch resumes at exactly the next global batch (a partially consumed global batch is
@@ -216,7 +220,8 @@ class PretrainingLoader:
                  pad_id: int = 0, vocab_size: int | None = None,
                  special_ids: Sequence[int] | np.ndarray = (), bin_by_length: bool = False,
                  num_bins: int = 8, drop_last: bool = True, num_workers: int = 0,
-                 pad_to_multiple_of: int = 8, pin_memory: bool = False) -> None:
+                 pad_to_multiple_of: int = 8, pin_memory: bool = False,
+                 make_batch: Any = None) -> None:
         for name, value in (("global_batch_size", global_batch_size),
                             ("micro_batch_size", micro_batch_size), ("world_size", world_size),
                             ("num_bins", num_bins), ("pad_to_multiple_of", pad_to_multiple_of)):
@@ -236,12 +241,14 @@ class PretrainingLoader:
         self.seed, self.drop_last = seed, drop_last
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.static_masks = hasattr(dataset, "get_static")
-        masking = None if self.static_masks else masking_spec(
-            masked_lm_prob=masked_lm_prob, max_predictions=max_predictions,
-            whole_word_masking=whole_word_masking, is_continuation=is_continuation,
-            mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids, pad_id=pad_id)
-        self._maker = MicroBatchMaker(dataset, seed=seed, masking=masking, pad_id=pad_id,
-                                      pad_to_multiple_of=pad_to_multiple_of)
+        if make_batch is None:
+            masking = None if self.static_masks else masking_spec(
+                masked_lm_prob=masked_lm_prob, max_predictions=max_predictions,
+                whole_word_masking=whole_word_masking, is_continuation=is_continuation,
+                mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids, pad_id=pad_id)
+            make_batch = MicroBatchMaker(dataset, seed=seed, masking=masking, pad_id=pad_id,
+                                         pad_to_multiple_of=pad_to_multiple_of)
+        self._maker = make_batch
         self._shard_offsets = getattr(dataset, "shard_offsets", None)
         if bin_by_length and self._shard_offsets is not None:
             raise ValueError("bin_by_length=True needs random access to samples, but this "
@@ -359,7 +366,9 @@ class PretrainingLoader:
             raise CheckpointError(
                 f"loader state batches_consumed={state['batches_consumed']} is outside "
                 f"[0, {self.batches_per_epoch}) for this dataset and configuration")
-        self.seed = self._maker.seed = int(state["seed"])
+        self.seed = int(state["seed"])
+        if isinstance(self._maker, MicroBatchMaker):
+            self._maker.seed = self.seed
         self._order_cache = None
         self.epoch, self.batches_consumed = int(state["epoch"]), int(state["batches_consumed"])
 

@@ -74,6 +74,11 @@ class BertConfig:
     """Pre-LN layers plus a final LayerNorm (bertforge only: transformers has no pre-LN BERT)."""
     do_lower_case: bool | None = None
     """Whether the matching tokenizer lowercases; None = unknown. Lets tokenizers check casing."""
+    finetuning_task: str | None = None
+    """The task a fine-tuned model was trained for (e.g. "glue/mrpc", "squad"); None otherwise."""
+    problem_type: str | None = None
+    """transformers' name for a classifier's loss: "regression" (one output, MSE),
+    "single_label_classification", or None (unknown / not a classifier)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.id2label, dict):

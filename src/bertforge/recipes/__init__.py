@@ -20,10 +20,12 @@ RECIPES_DIR = Path(__file__).resolve().parent
 _SUFFIX = ".yaml"
 
 
-def list_recipes() -> list[str]:
-    """Recipe names with their folder and without ``.yaml``, e.g. ``pretrain/bert-large-phase1``."""
-    return sorted(p.relative_to(RECIPES_DIR).with_suffix("").as_posix()
-                  for p in RECIPES_DIR.rglob(f"*{_SUFFIX}"))
+def list_recipes(*folders: str) -> list[str]:
+    """Recipe names with their folder and without ``.yaml``, e.g. ``pretrain/bert-large-phase1``;
+    only those in ``folders`` when given."""
+    names = sorted(p.relative_to(RECIPES_DIR).with_suffix("").as_posix()
+                   for p in RECIPES_DIR.rglob(f"*{_SUFFIX}"))
+    return [n for n in names if not folders or n.split("/", 1)[0] in folders]
 
 
 def resolve_recipe(name_or_path: str | Path) -> Path:

@@ -1,0 +1,65 @@
+"""``bertforge predict``: a fine-tuned model's predictions for new, unlabelled data.
+
+The task comes from the model's config.json (``finetuning_task``, written by ``bertforge
+finetune``), and reading, windowing and post-processing are the fine-tuning task's own, so a
+prediction is exactly what evaluation would have produced for the same input.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from bertforge.config import FinetuneConfig, load_config
+from bertforge.errors import ConfigError
+from bertforge.models import BertConfig
+
+
+def task_overrides(model: Path) -> list[str]:
+    """Config overrides that select the task a model was fine-tuned for."""
+    if not (model / "config.json").is_file():
+        raise ConfigError(f"--model {model} is not a model directory (no config.json)")
+    task = BertConfig.load(model).finetuning_task
+    if task in ("squad", "squad_v2"):
+        return ["--task=squad"]
+    if task and task.startswith("glue/"):
+        return ["--task=glue", f"--data.task_name={task.split('/', 1)[1]}"]
+    if task in ("classification", "swag", "token-classification"):
+        return [f"--task={task}"]
+    raise ConfigError(f"{model}/config.json does not say which task the model was fine-tuned "
+                      f"for (finetuning_task={task!r}); fine-tune it with `bertforge finetune`, "
+                      "or pass --task=squad|glue|classification|swag|token-classification")
+
+
+def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str] = ()) -> Path:
+    """Predictions for ``data`` written atomically to ``output`` (SQuAD: id -> answer JSON;
+    other tasks: JSON Lines with id and label/tags)."""
+    from bertforge.tasks.finetune import build_task
+    from bertforge.train.distributed import cleanup, init_distributed
+    from bertforge.train.precision import build_precision
+
+    if not data.is_file():
+        raise ConfigError(f"--data {data} does not exist")
+    picked = [] if any(o.lstrip("-").startswith("task=") for o in overrides) else (
+        task_overrides(model))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".predict-", dir=output.parent))
+    try:
+        cfg = load_config(FinetuneConfig, None, [*picked, f"--model={model}",
+                                                 f"--data.validation={data}",
+                                                 f"--output_dir={scratch}", *overrides])
+        info = init_distributed()
+        try:
+            task = build_task(cfg, info, labelled=False)
+            model_ = task.build_model(None)
+            task.evaluate(model_, build_precision(cfg.precision, info.device).autocast)
+            task.write_predictions(scratch, task.last_outputs or {})
+        finally:
+            cleanup()
+        os.replace(scratch / task.prediction_file, output)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return output

@@ -1,0 +1,379 @@
+"""What every fine-tuning task shares: starting weights, encoded features, batching, evaluation
+passes, outputs, and the ``finetune`` entry point.
+
+A fine-tuning task reads its files once, encodes every example into fixed-width numpy arrays
+(``FeatureSet``), and hands the runner a ``PretrainingLoader`` over them whose ``make_batch``
+trims each micro-batch to its longest sequence. So order, epochs, ranks, accumulation and resume
+work exactly as in pretraining. Evaluation runs the bare model over the rank's contiguous share
+of the validation features and gathers the outputs, so every rank computes the same metrics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import statistics
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bertforge.batch import Batch, to_device
+from bertforge.config import FinetuneConfig, save_config, to_dict
+from bertforge.data.loader import PretrainingLoader
+from bertforge.errors import CheckpointError, ConfigError, DataError
+from bertforge.io import write_json_atomic
+from bertforge.models import BertConfig, BertPreTrainedModel, read_weights
+from bertforge.tokenization import BertTokenizer
+from bertforge.train.distributed import DistInfo
+from bertforge.train.flops import bert_train_flops
+from bertforge.train.guards import check_model_fits, explain_oom, refuse_nonfinite
+from bertforge.train.resume import verify_model_files
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+RESULTS_FILE = "eval_results.json"
+
+
+class FeatureSet(torch.utils.data.Dataset):
+    """Encoded examples: arrays with one row per feature, sequences padded to a fixed width.
+
+    Sequence arrays (``SEQUENCE_KEYS``, and ``labels`` when it has their shape) are (N, S) or
+    (N, C, S) for multiple choice; others are (N,). Indexed by ``(epoch, indices)`` it is the
+    loader's ``make_batch``: the rows as tensors, sequences cut to the batch's longest real
+    length rounded up to 8 (padding costs compute; fine-tuning data varies a lot in length).
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+        mask = arrays["attention_mask"]
+        self.width = mask.shape[-1]
+        self.lengths = mask.reshape(len(mask), -1, self.width).sum(-1).max(-1)  # (N,) longest
+        digest = hashlib.sha256()
+        for key in sorted(arrays):
+            digest.update(key.encode() + np.ascontiguousarray(arrays[key]).tobytes())
+        self.fingerprint = f"{len(mask)} features, sha256 {digest.hexdigest()[:16]}"
+
+    def __len__(self) -> int:
+        return len(self.arrays["attention_mask"])
+
+    def is_sequence(self, key: str) -> bool:
+        return key in SEQUENCE_KEYS or (
+            key == "labels" and self.arrays[key].shape == self.arrays["input_ids"].shape)
+
+    def collate(self, indices: np.ndarray) -> Batch:
+        longest = int(self.lengths[indices].max())
+        s = min(self.width, -(-longest // 8) * 8)
+        return {key: torch.from_numpy(np.ascontiguousarray(
+                    value[indices, ..., :s] if self.is_sequence(key) else value[indices]))
+                for key, value in self.arrays.items()}
+
+    def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch:
+        return self.collate(np.asarray(key[1]))
+
+
+def pad_to(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
+    """``t`` padded with ``value`` along its sequence axis (dim 1) to ``width``."""
+    extra = width - t.shape[1]
+    if extra == 0:
+        return t
+    shape = list(t.shape)
+    shape[1] = extra
+    return torch.cat([t, t.new_full(shape, value)], dim=1)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model under DDP and torch.compile wrappers (evaluation needs no gradient sync, and
+    ranks may run different numbers of batches)."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, features: FeatureSet, batch_size: int, info: DistInfo,
+            autocast: Callable[[], ContextManager],
+            outputs: Callable[[Any, Batch], dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    """Run ``model`` over all features (ranks split them, every rank gets the gathered result).
+
+    ``outputs(model_output, batch)`` picks (B, ...) tensors to keep, padded to the feature width
+    where they have a sequence axis; results come back as numpy arrays in feature order.
+    """
+    model = unwrap(model)
+    was_training = model.training
+    model.eval()
+    share = np.array_split(np.arange(len(features)), info.world_size)[info.rank]
+    parts: dict[str, list[np.ndarray]] = {}
+    for start in range(0, len(share), batch_size):
+        batch = to_device(features.collate(share[start:start + batch_size]), info.device)
+        with autocast():
+            out = model(**{k: batch[k] for k in SEQUENCE_KEYS})
+        for key, value in outputs(out, batch).items():
+            parts.setdefault(key, []).append(value.float().cpu().numpy())
+    mine = {k: np.concatenate(v) for k, v in parts.items()}
+    model.train(was_training)
+    if not (dist.is_available() and dist.is_initialized()):
+        return mine
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, mine)
+    keys = [k for part in gathered for k in part]
+    return {k: np.concatenate([part[k] for part in gathered if k in part]) for k in dict.fromkeys(keys)}
+
+
+def read_tokenizer(model: str | Path) -> BertTokenizer:
+    path = Path(model)
+    try:
+        return BertTokenizer.from_pretrained(path)
+    except DataError as exc:
+        raise ConfigError(f"model={model}: {exc}; fine-tuning needs the model's tokenizer files "
+                          "(vocab.txt or tokenizer.json) in its directory") from None
+
+
+def load_model(cls: type[BertPreTrainedModel], source: Path, seed: int, device: torch.device,
+               resumed: bool, **overrides: Any) -> BertPreTrainedModel:
+    """``cls`` with ``source``'s weights; heads the checkpoint lacks (or has in another shape,
+    e.g. another label count) start fresh from ``seed`` and are reported."""
+    if not (source / "config.json").is_file():
+        raise ConfigError(f"model={source} is not a model directory (no config.json); give a "
+                          "Hugging Face BERT directory or a bertforge checkpoint")
+    if not resumed:  # a resume was verified whole by resolve_resume
+        verify_model_files(source)
+    config = BertConfig.load(source).replace(**overrides)
+    check_model_fits(config, device, str(source))
+    with explain_oom(config, device, str(source)):
+        torch.manual_seed(seed)
+        model = cls(config)
+        weights, where = read_weights(source)
+        model.load_hf_state_dict(weights, source=where, ignore_mismatched_heads=True)
+        refuse_nonfinite(model.named_parameters(), Path(where), source)
+        model = model.to(device)
+    model.train()  # heads absent from the checkpoint were reported (INFO) by the loader
+    return model
+
+
+def check_fits_positions(model: nn.Module, max_seq_length: int) -> None:
+    positions = unwrap(model).config.max_position_embeddings
+    if max_seq_length > positions:
+        raise ConfigError(f"data.max_seq_length={max_seq_length} exceeds the model's "
+                          f"{positions} positions; lower it")
+
+
+def train_loader(features: FeatureSet, cfg: FinetuneConfig, info: DistInfo) -> PretrainingLoader:
+    """A resumable stream of this rank's micro-batches; every example is seen once per epoch
+    (the last global batch of an epoch is completed from the epoch's first samples)."""
+    if len(features) < cfg.train.global_batch_size:
+        log.warning("the training data has %d features, fewer than one global batch (%d); "
+                    "batches repeat examples", len(features), cfg.train.global_batch_size)
+    try:
+        return PretrainingLoader(
+            features, global_batch_size=cfg.train.global_batch_size,
+            micro_batch_size=cfg.train.micro_batch_size, rank=info.rank,
+            world_size=info.world_size, seed=cfg.train.seed, drop_last=False,
+            pin_memory=info.device.type == "cuda", make_batch=features)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def encoder_flops(model: nn.Module, batch: Batch) -> float:
+    """Training FLOPs of the encoder over a batch's real tokens (heads are negligible here)."""
+    c = unwrap(model).config
+    lengths = batch["attention_mask"].reshape(-1, batch["attention_mask"].shape[-1]).sum(-1)
+    return sum(bert_train_flops(layers=c.num_hidden_layers, hidden=c.hidden_size,
+                                intermediate=c.intermediate_size, vocab=c.padded_vocab_size,
+                                seq_len=s, predictions=0, nsp=False) for s in lengths.tolist())
+
+
+def write_results(output_dir: Path, metrics: dict, info: DistInfo) -> None:
+    if info.is_main:
+        write_json_atomic(output_dir / RESULTS_FILE, metrics, sort_keys=False)
+
+
+def save_final_model(model: nn.Module, tokenizer: BertTokenizer, output_dir: Path,
+                     info: DistInfo) -> None:
+    """The fine-tuned model as a Hugging Face directory in ``output_dir`` itself."""
+    if info.is_main:
+        unwrap(model).save_pretrained(output_dir, tokenizer=tokenizer)
+
+
+def format_metrics(metrics: dict, skip: Sequence[str] = ()) -> str:
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in metrics.items() if k not in skip and not isinstance(v, dict))
+
+
+class FinetuneTask:
+    """The shared half of every fine-tuning task (see ``bertforge.tasks.base.Task``).
+
+    A subclass sets ``name`` and ``model_class`` and implements ``read`` (examples from the
+    configured files), ``encode`` (examples -> ``FeatureSet``), ``loss``, ``outputs`` (what to
+    keep of an evaluation forward), ``score`` (metrics of the kept outputs) and may override
+    ``model_overrides`` (label count and names) and ``write_predictions``.
+    """
+
+    name = "fine-tuning"
+    init_key = "model"
+    prediction_file = "predictions.jsonl"  # the main file write_predictions writes
+    model_class: type[BertPreTrainedModel]
+
+    def __init__(self, cfg: FinetuneConfig, info: DistInfo, labelled: bool = True) -> None:
+        # labelled=False: the validation file is new data to predict (``bertforge predict``).
+        self.cfg, self.info, self.labelled = cfg, info, labelled
+        self.tokenizer = read_tokenizer(cfg.model)
+        self.max_seq_length = cfg.max_seq_length
+        self.train_examples, self.eval_examples = self.read()
+        self.train = None
+        if self.train_examples is not None:
+            self.train = train_loader(self.encode(self.train_examples, training=True), cfg, info)
+        self.eval_features = (None if self.eval_examples is None
+                              else self.encode(self.eval_examples, training=False))
+        if self.train is None and self.eval_features is None:
+            raise ConfigError("set data.train (to fine-tune) and/or data.validation (to evaluate)")
+        self.last_outputs: dict[str, np.ndarray] | None = None
+
+    # -- the task's own parts ---------------------------------------------------------------
+    def read(self) -> tuple[list | None, list | None]:
+        raise NotImplementedError
+
+    def encode(self, examples: list, training: bool) -> FeatureSet:
+        raise NotImplementedError
+
+    def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def score(self, outputs: dict[str, np.ndarray]) -> dict:
+        raise NotImplementedError
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {}
+
+    def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:
+        """Task-specific prediction files (rank 0 only); none by default."""
+
+    # -- the Task protocol ------------------------------------------------------------------
+    @property
+    def has_validation(self) -> bool:
+        return self.eval_features is not None
+
+    def build_model(self, resume_from: Path | None) -> nn.Module:
+        source = resume_from or Path(str(self.cfg.model))
+        model = load_model(self.model_class, source, self.cfg.train.seed, self.info.device,
+                           resumed=resume_from is not None, **self.model_overrides())
+        check_fits_positions(model, self.max_seq_length)
+        return model
+
+    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
+        assert self.eval_features is not None
+        self.last_outputs = predict(model, self.eval_features, self.cfg.eval.batch_size,
+                                    self.info, autocast, self.outputs)
+        return self.score(self.last_outputs) if self.labelled else {}
+
+    def batch_flops(self, model: nn.Module, batch: Batch) -> float:
+        return encoder_flops(model, batch)
+
+    def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
+        if self.last_outputs is not None and self.info.is_main:
+            self.write_predictions(output_dir, self.last_outputs)
+        if validation:
+            write_results(output_dir, validation, self.info)
+        save_final_model(model, self.tokenizer, output_dir, self.info)
+        return validation
+
+    def describe(self, last: dict, validation: dict) -> list[str]:
+        lines = [f"  last loss    {last['loss']:.4f}"] if "loss" in last else []
+        if validation:
+            lines.append(f"  validation   {format_metrics(validation)}")
+            lines.append(f"  results      {Path(self.cfg.output_dir) / RESULTS_FILE}")
+        lines.append(f"  model        {self.cfg.output_dir} (Hugging Face format)")
+        return lines
+
+    def evaluate_only(self) -> "Any":
+        """No training data: score ``model`` on the validation file and write the outputs."""
+        from bertforge.train.precision import build_precision
+        from bertforge.train.run import RunResult
+
+        out = Path(self.cfg.output_dir)
+        model = self.build_model(None)
+        precision = build_precision(self.cfg.precision, self.info.device)
+        metrics = self.evaluate(model, precision.autocast)
+        if self.info.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            self.write_predictions(out, self.last_outputs or {})
+            write_results(out, metrics, self.info)
+            print(f"{self.name} evaluation of {self.cfg.model}\n  {format_metrics(metrics)}\n"
+                  f"  results      {out / RESULTS_FILE}")
+        return RunResult(output_dir=out, step=0, preempted=False, final_checkpoint=None,
+                         validation=metrics)
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+
+def build_task(cfg: FinetuneConfig, info: DistInfo, labelled: bool = True):
+    """The task object for ``cfg.task`` (``labelled=False``: predict, do not score)."""
+    if not cfg.model:
+        raise ConfigError("model is not set: give --model=DIR (a Hugging Face BERT directory or "
+                          "a bertforge checkpoint)")
+    if not Path(cfg.model).is_dir():
+        raise ConfigError(f"model={cfg.model} does not exist or is not a directory")
+    if cfg.task == "squad":
+        from bertforge.tasks.squad import SquadTask
+        return SquadTask(cfg, info, labelled)
+    if cfg.task in ("glue", "classification"):
+        from bertforge.tasks.classify import ClassificationTask
+        return ClassificationTask(cfg, info, labelled)
+    if cfg.task == "swag":
+        from bertforge.tasks.swag import MultipleChoiceTask
+        return MultipleChoiceTask(cfg, info, labelled)
+    from bertforge.tasks.tagging import TokenClassificationTask
+    return TokenClassificationTask(cfg, info, labelled)
+
+
+def finetune(cfg: FinetuneConfig):
+    """Fine-tune (or, without ``data.train``, only evaluate) as ``cfg`` says; docs/finetuning.md."""
+    from bertforge.train.run import distributed_run, run_task
+
+    with distributed_run(cfg, "finetune") as info:
+        task = build_task(cfg, info)
+        if task.train is None:
+            return task.evaluate_only()
+        return run_task(task, cfg, info)
+
+
+def benchmark_finetuning(cfg: FinetuneConfig) -> dict:
+    from bertforge.train.run import benchmark_task, distributed_run
+
+    with distributed_run(cfg, "finetune") as info:
+        task = build_task(cfg, info)
+        if task.train is None:
+            raise ConfigError("--benchmark times training steps: set data.train")
+        return benchmark_task(task, cfg, info)
+
+
+def finetune_seeds(cfg: FinetuneConfig, seeds: Sequence[int]) -> dict:
+    """One run per seed (each in ``output_dir/seed-N``), then each run's metrics and the median
+    of every numeric metric in ``output_dir/seeds.json``."""
+    import dataclasses
+
+    root = Path(cfg.output_dir)
+    runs: dict[str, dict] = {}
+    for seed in seeds:
+        one = dataclasses.replace(cfg, output_dir=str(root / f"seed-{seed}"),
+                                  train=dataclasses.replace(cfg.train, seed=seed))
+        result = finetune(one)
+        runs[str(seed)] = dict(result.validation)
+    names = [k for k in next(iter(runs.values()), {}) if all(
+        isinstance(r.get(k), (int, float)) for r in runs.values())]
+    median = {k: float(statistics.median(r[k] for r in runs.values())) for k in names}
+    report = {"seeds": [int(s) for s in seeds], "runs": runs, "median": median}
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / "seeds.json", report, sort_keys=False)
+    save_config(cfg, root / "config.yaml")
+    print(f"seeds {', '.join(map(str, seeds))}: median {format_metrics(median)} "
+          f"-> {root / 'seeds.json'}")
+    return report
+
+
+__all__ = ["FeatureSet", "benchmark_finetuning", "build_task", "finetune", "finetune_seeds",
+           "load_model", "predict", "read_tokenizer", "to_dict"]

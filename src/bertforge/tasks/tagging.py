@@ -1,0 +1,111 @@
+"""Token classification (NER, POS, chunking) on CoNLL-style or JSON Lines files.
+
+Words are split into sub-tokens; each word's tag is trained and predicted on its first
+sub-token (the others carry IGNORE_INDEX), as BERT's paper did for CoNLL-2003. A sentence longer
+than ``data.max_seq_length`` tokens is cut (with one warning and a count); its cut words are
+predicted "O". Scores are entity-level precision/recall/F1 with seqeval's definition.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bertforge.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
+from bertforge.data.finetuning import LabelMap, TaggedExample, read_token_tags
+from bertforge.errors import ConfigError
+from bertforge.io import write_text_atomic
+from bertforge.metrics.seqeval import entity_scores
+from bertforge.models import BertForTokenClassification
+from bertforge.tasks.classify import model_label_map
+from bertforge.tasks.finetune import FeatureSet, FinetuneTask, pad_to
+
+log = logging.getLogger(__name__)
+
+
+class TokenClassificationTask(FinetuneTask):
+    name = "token-classification"
+    model_class = BertForTokenClassification
+
+    def read(self) -> tuple[list | None, list | None]:
+        d = self.cfg.data
+        train = read_token_tags(d.train)[: d.max_train_examples] if d.train else None
+        self.labels = (LabelMap.from_examples(train) if train is not None
+                       else model_label_map(str(self.cfg.model)))
+        if self.labels is None:
+            raise ConfigError(f"model={self.cfg.model} records no tag names (id2label) and no "
+                              "data.train was given to learn them from")
+        evals = read_token_tags(d.validation)[: d.max_eval_examples] if d.validation else None
+        if evals is not None and self.labelled and any(ex.tags is None for ex in evals):
+            raise ConfigError(f"{d.validation} has no tag column: it cannot be scored")
+        return train, evals
+
+    def encode(self, examples: list[TaggedExample], training: bool) -> FeatureSet:
+        windows = self.tokenizer.encode_windows([ex.tokens for ex in examples],
+                                                max_length=self.max_seq_length,
+                                                is_pretokenized=True)
+        n, s = len(windows), self.max_seq_length
+        arrays = {"input_ids": np.full((n, s), self.tokenizer.pad_id, dtype=np.int64),
+                  "token_type_ids": np.zeros((n, s), dtype=np.int64),
+                  "attention_mask": np.zeros((n, s), dtype=np.int64)}
+        labels = np.full((n, s), IGNORE_INDEX, dtype=np.int64)
+        starts: list[np.ndarray] = []  # per example: first sub-token position of each kept word
+        cut = 0
+        for i, (ex, w) in enumerate(zip(examples, windows)):
+            size = len(w.ids)
+            arrays["input_ids"][i, :size] = w.ids
+            arrays["token_type_ids"][i, :size] = w.type_ids
+            arrays["attention_mask"][i, :size] = 1
+            first = [t for t, word in enumerate(w.word_ids)
+                     if word is not None and (t == 0 or w.word_ids[t - 1] != word)]
+            starts.append(np.asarray(first, dtype=np.int64))
+            cut += len(first) < len(ex.tokens)
+            if ex.tags is not None and (training or self.labelled):
+                labels[i, first] = [self.labels.id(tag, ex.source)
+                                    for tag in ex.tags[:len(first)]]
+        if cut:
+            log.warning("%d of %d sentences are longer than data.max_seq_length=%d tokens; "
+                        "their last words are %s", cut, n, s,
+                        "not trained on" if training else "predicted as O")
+        if training or self.labelled:
+            arrays["labels"] = labels
+        if not training:
+            self.word_starts = starts
+        return FeatureSet(arrays)
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
+        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                       token_type_ids=batch["token_type_ids"]).logits.float()  # (B, S, L)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=IGNORE_INDEX)
+        return LossOutput(loss, {"loss": loss.detach()}, sequences=int(logits.shape[0]),
+                          tokens=real_tokens(batch))
+
+    def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
+        return {"tags": pad_to(out.logits.argmax(-1), self.max_seq_length, -1)}  # (B, S)
+
+    def predicted_tags(self, outputs: dict[str, np.ndarray]) -> list[list[str]]:
+        tags = outputs["tags"].astype(np.int64)
+        out = []
+        for ex, row, first in zip(self.eval_examples, tags, self.word_starts):
+            words = [self.labels.name(int(t)) for t in row[first]]
+            out.append(words + ["O"] * (len(ex.tokens) - len(words)))
+        return out
+
+    def score(self, outputs: dict[str, np.ndarray]) -> dict:
+        return entity_scores([ex.tags for ex in self.eval_examples], self.predicted_tags(outputs))
+
+    def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:
+        rows = [json.dumps({"id": ex.id, "tokens": ex.tokens, "tags": tags}, ensure_ascii=False)
+                for ex, tags in zip(self.eval_examples, self.predicted_tags(outputs))]
+        write_text_atomic(output_dir / "predictions.jsonl", "\n".join(rows) + "\n")
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"num_labels": len(self.labels), "id2label": self.labels.id2label,
+                "finetuning_task": "token-classification"}
