@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bertforge.config import FinetuneConfig, PretrainConfig, load_config
+from bertforge.data.finetuning import GLUE_TASKS as GLUE
 from bertforge.errors import ConfigError
 from bertforge.recipes import RECIPES_DIR, list_recipes, resolve_recipe
 
@@ -14,9 +16,27 @@ LARGE1 = RECIPES_DIR / "pretrain" / "bert-large-phase1.yaml"
 
 
 def test_lists_every_shipped_recipe() -> None:
-    assert list_recipes() == ["debug/tiny-cpu", "pretrain/bert-base-phase1",
-                              "pretrain/bert-base-phase2", "pretrain/bert-large-phase1",
-                              "pretrain/bert-large-phase2"]
+    assert list_recipes("debug", "pretrain") == [
+        "debug/tiny-cpu", "pretrain/bert-base-phase1", "pretrain/bert-base-phase2",
+        "pretrain/bert-large-phase1", "pretrain/bert-large-phase2"]
+    finetune = list_recipes("finetune")
+    assert {f"finetune/glue-{t}" for t in GLUE} | {
+        "finetune/squad-v1.1-bert-large", "finetune/squad-v1.1-bert-base",
+        "finetune/squad-v2.0-bert-large", "finetune/swag", "finetune/conll2003",
+        "finetune/debug-cpu"} == set(finetune)
+    assert sorted(list_recipes()) == sorted(list_recipes("debug", "pretrain") + finetune)
+
+
+@pytest.mark.parametrize("name", [n for n in list_recipes() if not n.startswith("finetune/")])
+def test_pretraining_recipes_load(name: str) -> None:
+    load_config(PretrainConfig, resolve_recipe(name))
+
+
+@pytest.mark.parametrize("name", list_recipes("finetune"))
+def test_finetuning_recipes_load(name: str) -> None:
+    cfg = load_config(FinetuneConfig, resolve_recipe(name), ["--model=DIR"])
+    if cfg.task == "glue":  # each GLUE recipe is named after its task
+        assert name == f"finetune/glue-{cfg.data.task_name}"
 
 
 def test_short_names_are_unique() -> None:

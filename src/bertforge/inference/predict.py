@@ -1,8 +1,9 @@
 """``bertforge predict``: a fine-tuned model's predictions for new, unlabelled data.
 
-The task comes from the model's config.json (``finetuning_task``, written by ``bertforge
-finetune``), and reading, windowing and post-processing are the fine-tuning task's own, so a
-prediction is exactly what evaluation would have produced for the same input.
+The task and its data settings come from the run's config.yaml that ``bertforge finetune``
+writes beside the model (else the task from config.json's ``finetuning_task``), and reading,
+windowing and post-processing are the fine-tuning task's own, so a prediction is exactly what
+evaluation would have produced for the same input.
 """
 
 from __future__ import annotations
@@ -43,14 +44,19 @@ def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str]
 
     if not data.is_file():
         raise ConfigError(f"--data {data} does not exist")
-    picked = [] if any(o.lstrip("-").startswith("task=") for o in overrides) else (
+    # A `bertforge finetune` output holds its run's config: predict with the same task and data
+    # settings (sequence length, doc stride, columns) the model was trained and evaluated with.
+    run_config = model / "config.yaml"
+    base = run_config if run_config.is_file() else None
+    picked = [] if base or any(o.lstrip("-").startswith("task=") for o in overrides) else (
         task_overrides(model))
     output.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".predict-", dir=output.parent))
     try:
-        cfg = load_config(FinetuneConfig, None, [*picked, f"--model={model}",
-                                                 f"--data.validation={data}",
-                                                 f"--output_dir={scratch}", *overrides])
+        cfg = load_config(FinetuneConfig, base, [
+            *picked, f"--model={model}", "--data.train=null", f"--data.validation={data}",
+            "--data.validation_mismatched=null", "--data.max_eval_examples=null",
+            f"--output_dir={scratch}", *overrides])
         info = init_distributed()
         try:
             task = build_task(cfg, info, labelled=False)

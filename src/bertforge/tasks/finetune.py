@@ -154,11 +154,16 @@ def load_model(cls: type[BertPreTrainedModel], source: Path, seed: int, device: 
     return model
 
 
-def check_fits_positions(model: nn.Module, max_seq_length: int) -> None:
-    positions = unwrap(model).config.max_position_embeddings
-    if max_seq_length > positions:
-        raise ConfigError(f"data.max_seq_length={max_seq_length} exceeds the model's "
+def sequence_length(cfg: FinetuneConfig) -> int:
+    """``data.max_seq_length``, else the task's default (384 for SQuAD, 128 otherwise) capped
+    at the model's positions; an explicit value beyond them is an error, before data is read."""
+    positions = BertConfig.load(str(cfg.model)).max_position_embeddings
+    if cfg.data.max_seq_length is None:
+        return min(cfg.max_seq_length, positions)
+    if cfg.data.max_seq_length > positions:
+        raise ConfigError(f"data.max_seq_length={cfg.data.max_seq_length} exceeds the model's "
                           f"{positions} positions; lower it")
+    return cfg.data.max_seq_length
 
 
 def train_loader(features: FeatureSet, cfg: FinetuneConfig, info: DistInfo) -> PretrainingLoader:
@@ -221,7 +226,7 @@ class FinetuneTask:
         # labelled=False: the validation file is new data to predict (``bertforge predict``).
         self.cfg, self.info, self.labelled = cfg, info, labelled
         self.tokenizer = read_tokenizer(cfg.model)
-        self.max_seq_length = cfg.max_seq_length
+        self.max_seq_length = sequence_length(cfg)
         self.train_examples, self.eval_examples = self.read()
         self.train = None
         if self.train_examples is not None:
@@ -258,10 +263,8 @@ class FinetuneTask:
 
     def build_model(self, resume_from: Path | None) -> nn.Module:
         source = resume_from or Path(str(self.cfg.model))
-        model = load_model(self.model_class, source, self.cfg.train.seed, self.info.device,
-                           resumed=resume_from is not None, **self.model_overrides())
-        check_fits_positions(model, self.max_seq_length)
-        return model
+        return load_model(self.model_class, source, self.cfg.train.seed, self.info.device,
+                          resumed=resume_from is not None, **self.model_overrides())
 
     def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
         assert self.eval_features is not None

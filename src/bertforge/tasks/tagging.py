@@ -99,7 +99,12 @@ class TokenClassificationTask(FinetuneTask):
         return out
 
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
-        return entity_scores([ex.tags for ex in self.eval_examples], self.predicted_tags(outputs))
+        scores = entity_scores([ex.tags for ex in self.eval_examples],
+                               self.predicted_tags(outputs))
+        # Flat names (PER_f1, ...) so every metric is a number in logs and eval_results.json.
+        per_type = scores.pop("per_type")
+        return {**scores, **{f"{kind}_{name}": value for kind, values in sorted(per_type.items())
+                             for name, value in values.items()}}
 
     def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:
         rows = [json.dumps({"id": ex.id, "tokens": ex.tokens, "tags": tags}, ensure_ascii=False)
