@@ -17,3 +17,19 @@ def test_demo_runs_every_stage(tmp_path: Path) -> None:
     diff = float(summary["transformers"].rsplit("=", 1)[1])
     assert diff < 1e-4                               # the checkpoint means the same in transformers
     assert summary["loss_last"] < summary["loss_first"]
+    assert summary["qa"].startswith("exact match ")  # the fine-tuning stage ran and was scored
+    assert (tmp_path / "qa-run" / "eval_results.json").is_file()
+
+
+def test_sample_qa_is_squad_with_answers_at_their_offsets(tmp_path: Path) -> None:
+    from bertforge.data.finetuning.squad import read_squad
+    from bertforge.sample_qa import build_sample_qa
+
+    train, dev, n_train, n_dev = build_sample_qa(tmp_path)
+    a, b = read_squad(train), read_squad(dev)
+    assert (len(a.examples), len(b.examples)) == (n_train, n_dev) and n_train > 5 * n_dev > 0
+    for ex in a.examples + b.examples:
+        (answer,) = ex.answers
+        assert ex.context[answer.start:answer.start + len(answer.text)] == answer.text
+    # Modules are split, so no docstring is in both files.
+    assert not {ex.context for ex in a.examples} & {ex.context for ex in b.examples}

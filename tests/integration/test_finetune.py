@@ -239,3 +239,36 @@ def test_help_lists_every_key(capsys) -> None:
                 "--eval.max_answer_length", "--eval.null_score_diff_threshold", "--seeds",
                 "run-defining", "finetune/squad-v1.1-bert-large"):
         assert key in text, key
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_match_one_process(tiny, tmp_path: Path, child_env) -> None:
+    """torchrun with 2 ranks x 1 micro-batch == 1 process x 2 accumulation steps (no dropout),
+    and evaluation split over the ranks gathers every window back in order."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    model = tmp_path / "nodrop"
+    tokenizer = BertTokenizer.from_file(tiny.vocab)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    BertForPreTraining(config).save_pretrained(model, tokenizer=tokenizer)
+    common = args(model, tmp_path / "one", "squad-v2", "--train.max_steps=4")
+    single = finetune(load_config(FinetuneConfig, None, common))
+    two = [a.replace(str(tmp_path / "one"), str(tmp_path / "two")) for a in common]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "bertforge.cli", "finetune", *two]
+    proc = subprocess.run(cmd, env=child_env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    a = load_file(tmp_path / "one" / "model.safetensors")
+    b = load_file(tmp_path / "two" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+    ranked = json.loads((tmp_path / "two" / "eval_results.json").read_text())
+    assert ranked["total"] == single.validation["total"]
+    assert ranked["f1"] == pytest.approx(single.validation["f1"], abs=1e-6)
