@@ -192,3 +192,44 @@ def test_missing_paths_and_bad_json(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {"[PAD]": 0, "[UNK]": 2}}}))
     with pytest.raises(DataError, match=r"token ids are not 0..1 without gaps"):
         BertTokenizer.from_file(bad)
+
+
+def test_windows_carry_offsets_sequence_and_word_ids(tok: BertTokenizer) -> None:
+    (w,) = tok.encode_windows(["the cat"], ["unaffable dog!"], max_length=16)
+    assert tok.convert_ids_to_tokens(w.ids) == ["[CLS]", "the", "cat", "[SEP]", "un", "##aff",
+                                                "##able", "dog", "!", "[SEP]"]
+    assert w.type_ids == [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]
+    assert w.sequence_ids == [None, 0, 0, None, 1, 1, 1, 1, 1, None]
+    assert w.word_ids == [None, 0, 1, None, 0, 0, 0, 1, 2, None]
+    # Offsets index each token's own text: "unaffable dog!" -> un|aff|able, dog, !
+    assert w.offsets[4:9] == [(0, 2), (2, 5), (5, 9), (10, 13), (13, 14)] and w.source == 0
+
+
+def test_overflowing_windows_keep_the_first_text_and_overlap_by_stride(
+        tok: BertTokenizer) -> None:
+    context = "the cat sat on the mat . the dog sat on a mat"  # 13 tokens
+    windows = tok.encode_windows(["a cat", "dog"], [context, "the mat"], max_length=10, stride=2,
+                                 truncation="only_second", overflow=True)
+    first = [w for w in windows if w.source == 0]
+    assert [w.source for w in windows] == [0] * len(first) + [1]
+    spans = []
+    for w in first:
+        assert len(w.ids) <= 10 and tok.convert_ids_to_tokens(w.ids[:4]) == [
+            "[CLS]", "a", "cat", "[SEP]"]
+        spans.append([o for o, s in zip(w.offsets, w.sequence_ids) if s == 1])
+    # 5 context tokens per window, consecutive windows share 2: every token is covered.
+    assert all(a[-2:] == b[:2] for a, b in zip(spans, spans[1:]))
+    covered = {o for span in spans for o in span}
+    assert len(covered) == 13 and spans[-1][-1] == (len(context) - 3, len(context))
+
+
+def test_pretokenized_words_and_truncation(tok: BertTokenizer) -> None:
+    (w,) = tok.encode_windows([["unaffable", "cats", "sat"]], max_length=5, is_pretokenized=True)
+    assert tok.convert_ids_to_tokens(w.ids) == ["[CLS]", "un", "##aff", "##able", "[SEP]"]
+    assert w.word_ids == [None, 0, 0, 0, None]  # "cats sat" cut off
+    assert tok.truncate_text("the cat sat on the mat", 3) == "the cat sat"
+    assert tok.truncate_text("the cat", 3) == "the cat"
+    with pytest.raises(ValueError, match="same length"):
+        tok.encode_windows(["a"], ["b", "c"], max_length=8)
+    with pytest.raises(ValueError, match="room for special tokens"):
+        tok.encode_windows(["a"], ["b"], max_length=3)
