@@ -12,7 +12,8 @@ from bertforge.config import PretrainConfig, describe, load_config, save_config,
 from bertforge.errors import ConfigError
 from bertforge.recipes import RECIPES_DIR
 
-RECIPES = sorted(RECIPES_DIR.rglob("*.yaml"))
+# Pretraining recipes (the fine-tuning ones are loaded in test_recipes.py).
+RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if p.parent.name != "finetune")
 
 
 def leaf_keys(cls: type, prefix: str = "") -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bertforge.config import FinetuneConfig, PretrainConfig, load_config
+from bertforge.config import FinetuneConfig, load_config
 from bertforge.data.finetuning import GLUE_TASKS as GLUE
 from bertforge.errors import ConfigError
 from bertforge.recipes import RECIPES_DIR, list_recipes, resolve_recipe
@@ -25,11 +25,6 @@ def test_lists_every_shipped_recipe() -> None:
         "finetune/squad-v2.0-bert-large", "finetune/swag", "finetune/conll2003",
         "finetune/debug-cpu"} == set(finetune)
     assert sorted(list_recipes()) == sorted(list_recipes("debug", "pretrain") + finetune)
-
-
-@pytest.mark.parametrize("name", [n for n in list_recipes() if not n.startswith("finetune/")])
-def test_pretraining_recipes_load(name: str) -> None:
-    load_config(PretrainConfig, resolve_recipe(name))
 
 
 @pytest.mark.parametrize("name", list_recipes("finetune"))
