@@ -208,7 +208,8 @@ class PreTrainedModel(nn.Module):
         section("missing from the checkpoint", [f"{k} (model expects {list(own[k].shape)})" for k in missing])
         section("unexpected in the checkpoint", [f"{k} {list(tensors[k].shape)}" for k in unexpected])
         section("wrong shape", [f"{k}: checkpoint {list(g)}, model expects {list(w)}" for k, g, w in wrong_shape])
-        lines += [f"  {hint}" for hint in self.mismatch_hints(missing + unexpected + [k for k, _, _ in wrong_shape])]
+        names = missing + unexpected + [k for k, _, _ in wrong_shape]
+        lines += [f"  {hint}" for hint in self.mismatch_hints(names)]
         lines.append("  Check that config.json (layers, sizes, vocab_size, num_labels) matches the weights; "
                      "pass the right values as overrides, e.g. from_pretrained(path, num_labels=3).")
         if any(k.startswith(self.head_prefixes) for k, _, _ in wrong_shape):

@@ -63,14 +63,10 @@ class ClassificationTask(FinetuneTask):
             self.name = f"glue/{self.glue.name}"
             self.regression = self.glue.is_regression
             self.labels = None if self.regression else self.glue.label_map()
-            read = lambda path, need: read_glue(path, self.glue.name, require_labels=need)  # noqa: E731
         else:
             self.glue, self.name, self.regression = None, "classification", d.regression
             self.labels = None
-            read = lambda path, need: read_classification(  # noqa: E731
-                path, d.text_columns, d.label_column, regression=d.regression,
-                require_labels=need)
-        train = read(d.train, True)[: d.max_train_examples] if d.train else None
+        train = self._read(d.train, True)[: d.max_train_examples] if d.train else None
         if not self.regression and self.labels is None:
             self.labels = (LabelMap.from_examples(train) if train is not None
                            else model_label_map(str(cfg.model)))
@@ -80,14 +76,21 @@ class ClassificationTask(FinetuneTask):
         evals = None
         self.n_matched = 0
         if d.validation:
-            evals = read(d.validation, self.labelled)[: d.max_eval_examples]
+            evals = self._read(d.validation, self.labelled)[: d.max_eval_examples]
             self.n_matched = len(evals)
             if d.validation_mismatched:
                 if self.glue is None or self.glue.name != "mnli":
                     raise ConfigError("data.validation_mismatched is for task=glue with "
                                       "data.task_name=mnli only")
-                evals += read(d.validation_mismatched, self.labelled)[: d.max_eval_examples]
+                evals += self._read(d.validation_mismatched, self.labelled)[: d.max_eval_examples]
         return train, evals
+
+    def _read(self, path: str, require_labels: bool) -> list[TextExample]:
+        if self.glue is not None:
+            return read_glue(path, self.glue.name, require_labels=require_labels)
+        d = self.cfg.data
+        return read_classification(path, d.text_columns, d.label_column,
+                                   regression=d.regression, require_labels=require_labels)
 
     def encode(self, examples: list[TextExample], training: bool) -> FeatureSet:
         pairs = any(ex.text_b is not None for ex in examples)

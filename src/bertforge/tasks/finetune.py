@@ -10,6 +10,7 @@ of the validation features and gathers the outputs, so every rank computes the s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import statistics
@@ -22,16 +23,18 @@ import torch.distributed as dist
 from torch import nn
 
 from bertforge.batch import Batch, to_device
-from bertforge.config import FinetuneConfig, save_config, to_dict
+from bertforge.config import FinetuneConfig, save_config
 from bertforge.data.loader import PretrainingLoader
-from bertforge.errors import CheckpointError, ConfigError, DataError
+from bertforge.errors import ConfigError, DataError
 from bertforge.io import write_json_atomic
 from bertforge.models import BertConfig, BertPreTrainedModel, read_weights
 from bertforge.tokenization import BertTokenizer
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import bert_train_flops
 from bertforge.train.guards import check_model_fits, explain_oom, refuse_nonfinite
+from bertforge.train.precision import build_precision
 from bertforge.train.resume import verify_model_files
+from bertforge.train.run import RunResult, benchmark_task, distributed_run, run_task
 
 log = logging.getLogger(__name__)
 
@@ -291,11 +294,8 @@ class FinetuneTask:
         lines.append(f"  model        {self.cfg.output_dir} (Hugging Face format)")
         return lines
 
-    def evaluate_only(self) -> "Any":
+    def evaluate_only(self) -> RunResult:
         """No training data: score ``model`` on the validation file and write the outputs."""
-        from bertforge.train.precision import build_precision
-        from bertforge.train.run import RunResult
-
         out = Path(self.cfg.output_dir)
         model = self.build_model(None)
         precision = build_precision(self.cfg.precision, self.info.device)
@@ -333,10 +333,8 @@ def build_task(cfg: FinetuneConfig, info: DistInfo, labelled: bool = True):
     return TokenClassificationTask(cfg, info, labelled)
 
 
-def finetune(cfg: FinetuneConfig):
+def finetune(cfg: FinetuneConfig) -> RunResult:
     """Fine-tune (or, without ``data.train``, only evaluate) as ``cfg`` says; docs/finetuning.md."""
-    from bertforge.train.run import distributed_run, run_task
-
     with distributed_run(cfg, "finetune") as info:
         task = build_task(cfg, info)
         if task.train is None:
@@ -345,8 +343,7 @@ def finetune(cfg: FinetuneConfig):
 
 
 def benchmark_finetuning(cfg: FinetuneConfig) -> dict:
-    from bertforge.train.run import benchmark_task, distributed_run
-
+    """``bertforge finetune --benchmark``: the benchmark.json report."""
     with distributed_run(cfg, "finetune") as info:
         task = build_task(cfg, info)
         if task.train is None:
@@ -357,8 +354,6 @@ def benchmark_finetuning(cfg: FinetuneConfig) -> dict:
 def finetune_seeds(cfg: FinetuneConfig, seeds: Sequence[int]) -> dict:
     """One run per seed (each in ``output_dir/seed-N``), then each run's metrics and the median
     of every numeric metric in ``output_dir/seeds.json``."""
-    import dataclasses
-
     root = Path(cfg.output_dir)
     runs: dict[str, dict] = {}
     for seed in seeds:
@@ -379,4 +374,4 @@ def finetune_seeds(cfg: FinetuneConfig, seeds: Sequence[int]) -> dict:
 
 
 __all__ = ["FeatureSet", "benchmark_finetuning", "build_task", "finetune", "finetune_seeds",
-           "load_model", "predict", "read_tokenizer", "to_dict"]
+           "load_model", "predict", "read_tokenizer"]
