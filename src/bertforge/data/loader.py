@@ -203,9 +203,10 @@ def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size
 class PretrainingLoader:
     """Infinite iterator of this rank's micro-batches, resumable at any global batch.
 
-    The order is generic; what a batch holds is not: by default samples are masked for
-    pretraining (``MicroBatchMaker``), and a task may pass ``make_batch``, a picklable
-    ``(epoch, indices) -> batch`` (``MicroBatchMaker.__getitem__``'s signature), instead.
+    The order is generic, what a batch holds is not: by default samples are masked for
+    pretraining (``MicroBatchMaker``); a task may pass ``make_batch`` instead, a picklable
+    map-style dataset whose ``__getitem__((epoch, indices))`` returns the micro-batch (workers
+    call it, as they call ``MicroBatchMaker``'s).
 
     Iterating yields contracts.md micro-batch dicts forever; ``epoch`` advances on its own and
     the train loop decides when to stop. ``state_dict()`` taken after the last micro-batch of a
