@@ -136,3 +136,14 @@ def stop_after() -> Callable[[int], type]:
         return StopAfter
 
     return make
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``long`` tests (minutes of real-weights fine-tuning each on a 2-core CPU) run only when
+    asked for, so `make test` stays well inside CI's time budget."""
+    if os.environ.get("BERTFORGE_LONG_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="long real-weights run; set BERTFORGE_LONG_TESTS=1 to run it")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)

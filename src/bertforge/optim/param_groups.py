@@ -75,7 +75,7 @@ def build_optimizer(
 
     ``"lamb"`` clips the global gradient norm itself (``optimizer.clips_gradients`` is True and
     ``optimizer.last_grad_norm`` holds the pre-clip norm). ``"adamw"`` is
-    ``torch.optim.AdamW`` (fused kernel on CUDA, else torch's default) and does not clip: the train
+    ``torch.optim.AdamW`` (the fused kernel on CUDA and CPU) and does not clip: the train
     loop calls :func:`bertforge.optim.clip_grad_norm_` with ``max_grad_norm`` before stepping.
     """
     # Only the name is checked here (it picks the class); each optimizer checks its own
@@ -87,9 +87,13 @@ def build_optimizer(
         return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                     max_grad_norm=max_grad_norm)
     params = [p for g in groups for p in g["params"]]
-    on_cuda = all(p.is_cuda and p.dtype.is_floating_point for p in params)
-    # Fused AdamW is one kernel for all tensors; elsewhere torch picks its best default.
-    fused = {"fused": True} if on_cuda else {}
+    # Fused AdamW is one kernel for all tensors, on CUDA and (since torch 2.4) on CPU, where it
+    # is ~6x faster than the per-tensor loop torch picks by default (benchmarks/finetune_bench.py:
+    # 10 vs 62 ms per step for a 22.7M-parameter BERT on 2 cores).
+    device_types = {p.device.type for p in params}
+    fusable = len(device_types) == 1 and device_types <= {"cuda", "cpu"} and all(
+        p.dtype.is_floating_point for p in params)
+    fused = {"fused": True} if fusable else {}
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps,
                              weight_decay=weight_decay, **fused)
 
