@@ -23,13 +23,12 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bertforge.data.finetuning.examples import TextExample
 from bertforge.data.finetuning.labels import LabelMap
 from bertforge.data.finetuning.tables import (
-    Row, Table, cell_text, columns_found, find_column, id_column, parse_table, read_text,
-    required_text, score_label, table_format,
+    Row, Table, columns_found, find_column, id_column, label_cell, parse_table, read_text,
+    score_label, table_format, text_example,
 )
 from bertforge.errors import DataError
 
@@ -140,11 +139,8 @@ def _label(task: GlueTask, table: Table, row: Row, column: str,
     if task.is_regression:
         score = score_label(table, row, column)
         return None if score == -1.0 else score
-    raw: Any = row.fields.get(column)
-    if isinstance(raw, float) and raw.is_integer():
-        raw = int(raw)
-    text = raw.strip() if isinstance(raw, str) else raw
-    if text is None or text == "":
+    text = label_cell(row, column)
+    if text is None:
         return None
     if isinstance(text, str) and text in aliases:
         return aliases[text]
@@ -158,7 +154,7 @@ def _label(task: GlueTask, table: Table, row: Row, column: str,
     if class_id is not None and 0 <= class_id < len(task.hf_labels):
         return aliases[task.hf_labels[class_id]]
     labels = ", ".join(task.labels or ())
-    raise DataError(f"{table.where(row)}: label {raw!r} is not a label of GLUE task {task.name} "
+    raise DataError(f"{table.where(row)}: label {text!r} is not a label of GLUE task {task.name} "
                     f"(labels: {labels}, or class ids 0-{len(task.hf_labels) - 1} in Hugging "
                     "Face's order); correct the label or check the task name")
 
@@ -191,10 +187,5 @@ def read_glue(path: str | Path, task_name: str, require_labels: bool = True) -> 
         if value is None and require_labels:
             raise DataError(f"{table.where(row)}: no label in column {label!r} (an empty value "
                             "or -1 marks a test example); training and evaluation need labels")
-        example_id = cell_text(table, row, ids) if ids is not None else None
-        examples.append(TextExample(
-            id=example_id if example_id is not None else str(number),
-            text_a=required_text(table, row, texts[0]),
-            text_b=required_text(table, row, texts[1]) if len(texts) > 1 else None,
-            label=value, source=table.where(row)))
+        examples.append(text_example(table, row, number, ids, texts, value))
     return examples

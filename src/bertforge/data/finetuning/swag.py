@@ -10,11 +10,10 @@ of the continuation, which each ending completes. The same columns in a JSON Lin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from bertforge.data.finetuning.examples import ChoiceExample
 from bertforge.data.finetuning.tables import (
-    Row, Table, cell_text, columns_found, find_column, read_table, required_text,
+    Row, Table, cell_text, columns_found, find_column, label_cell, read_table, required_text,
 )
 from bertforge.errors import DataError
 
@@ -32,11 +31,8 @@ def _endings(table: Table) -> list[str]:
 
 def _choice(table: Table, row: Row, column: str, count: int) -> int | None:
     """The label as an ending index; None where the row has none."""
-    raw: Any = row.fields.get(column)
-    if isinstance(raw, float) and raw.is_integer():
-        raw = int(raw)
-    text = raw.strip() if isinstance(raw, str) else raw
-    if text is None or text == "":
+    text = label_cell(row, column)
+    if text is None:
         return None
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
@@ -47,7 +43,7 @@ def _choice(table: Table, row: Row, column: str, count: int) -> int | None:
     if value == -1:
         return None  # Hugging Face's mark of an unlabeled test example
     if not 0 <= value < count:
-        raise DataError(f"{table.where(row)}: label {raw!r} is not an ending number 0-{count - 1}; "
+        raise DataError(f"{table.where(row)}: label {text!r} is not an ending number 0-{count - 1}; "
                         "give the index of the right ending")
     return value
 

@@ -243,6 +243,27 @@ def class_label(value: Any) -> str | None:
     return text or None
 
 
+def label_cell(row: Row, column: str) -> Any:
+    """A label cell as an int (JSON 1.0 -> 1), stripped text, or None when it is empty."""
+    raw: Any = row.fields.get(column)
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    text = raw.strip() if isinstance(raw, str) else raw
+    return None if text is None or text == "" else text
+
+
+def text_example(table: Table, row: Row, number: int, ids: str | None, texts: Sequence[str],
+                 label: str | float | None) -> TextExample:
+    """One row as a ``TextExample``: its id column's value (else its row number), its one or
+    two text columns, and ``label``."""
+    example_id = cell_text(table, row, ids) if ids is not None else None
+    return TextExample(
+        id=example_id if example_id is not None else str(number),
+        text_a=required_text(table, row, texts[0]),
+        text_b=required_text(table, row, texts[1]) if len(texts) > 1 else None,
+        label=label, source=table.where(row))
+
+
 def score_label(table: Table, row: Row, column: str) -> float | None:
     """A regression target: a finite number, or None when the row has none."""
     value = row.fields.get(column)
@@ -340,10 +361,5 @@ def read_classification(path: str | Path, text_columns: Sequence[str] | None = N
             if value is None and require_labels:
                 raise DataError(f"{table.where(row)}: no label in column {label!r}; every "
                                 "training and evaluation example needs one")
-        example_id = cell_text(table, row, ids) if ids is not None else None
-        examples.append(TextExample(
-            id=example_id if example_id is not None else str(number),
-            text_a=required_text(table, row, texts[0]),
-            text_b=required_text(table, row, texts[1]) if len(texts) > 1 else None,
-            label=value, source=table.where(row)))
+        examples.append(text_example(table, row, number, ids, texts, value))
     return examples
