@@ -12,7 +12,7 @@ from bertforge.data.finetuning import GLUE_TASKS, LabelMap, glue_task, read_glue
 from bertforge.errors import DataError
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "finetune"
-SHARED_GLUE = Path("/work/shared/data/glue")
+SHARED_GLUE = Path(__file__).resolve().parents[3] / "shared" / "data" / "glue"  # ../shared/data
 
 
 def raises(match: str):

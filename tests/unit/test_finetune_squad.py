@@ -27,7 +27,7 @@ from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "squad"
-SHARED = Path("/work/shared/data/squad")
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad"  # ../shared/data
 WORDS = [f"w{i}" for i in range(200)]
 # One token per word: positions in a window are word positions, which makes geometry exact.
 SMALL = BertTokenizer([*SPECIAL_TOKENS, "what", "is", "?", *WORDS])

@@ -23,7 +23,7 @@ from bertforge.metrics.squad import (
     token_f1,
 )
 
-SHARED = Path("/work/shared/data/squad")
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad"  # ../shared/data
 V2_KEYS = ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total",
            "NoAns_exact", "NoAns_f1", "NoAns_total"]
 BEST_KEYS = ["best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"]
