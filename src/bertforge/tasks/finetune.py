@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import logging
 import statistics
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -211,7 +212,7 @@ def format_metrics(metrics: dict, skip: Sequence[str] = ()) -> str:
                      for k, v in metrics.items() if k not in skip and not isinstance(v, dict))
 
 
-class FinetuneTask:
+class FinetuneTask(ABC):
     """The shared half of every fine-tuning task (see ``bertforge.tasks.base.Task``).
 
     A subclass sets ``name`` and ``model_class`` and implements ``read`` (examples from the
@@ -241,17 +242,21 @@ class FinetuneTask:
         self.last_outputs: dict[str, np.ndarray] | None = None
 
     # -- the task's own parts ---------------------------------------------------------------
+    @abstractmethod
     def read(self) -> tuple[list | None, list | None]:
-        raise NotImplementedError
+        """(training examples, evaluation examples), each None when its file is not set."""
 
+    @abstractmethod
     def encode(self, examples: list, training: bool) -> FeatureSet:
-        raise NotImplementedError
+        """Model inputs (and, for training or scoring, targets) of ``examples``."""
 
+    @abstractmethod
     def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """What evaluation keeps of a forward pass: (B, ...) tensors, sequences padded."""
 
+    @abstractmethod
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
-        raise NotImplementedError
+        """The task's metrics of the gathered evaluation outputs."""
 
     def model_overrides(self) -> dict[str, Any]:
         return {}
