@@ -339,6 +339,18 @@ class BertTokenizer:
                                       source=source))
         return windows
 
+    def pad_windows(self, windows: Sequence[Window], width: int) -> dict[str, np.ndarray]:
+        """``input_ids`` (padded with [PAD]), ``token_type_ids`` and ``attention_mask`` of
+        ``windows`` as (N, width) int64 arrays, the model inputs of fine-tuning."""
+        n = len(windows)
+        ids = np.full((n, width), self.pad_id, dtype=np.int64)
+        types = np.zeros((n, width), dtype=np.int64)
+        mask = np.zeros((n, width), dtype=np.int64)
+        for i, w in enumerate(windows):  # a loop over sequences; tokens are copied as slices
+            size = len(w.ids)
+            ids[i, :size], types[i, :size], mask[i, :size] = w.ids, w.type_ids, 1
+        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
     def truncate_text(self, text: str, max_tokens: int) -> str:
         """``text`` cut after its first ``max_tokens`` WordPiece tokens (at a character offset), so
         that it can be encoded again whole; unchanged when it is short enough."""

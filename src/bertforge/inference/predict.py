@@ -62,7 +62,7 @@ def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str]
             task = build_task(cfg, info, labelled=False)
             model_ = task.build_model(None)
             task.evaluate(model_, build_precision(cfg.precision, info.device).autocast)
-            task.write_predictions(scratch, task.last_outputs or {})
+            task.write_outputs(scratch, {})
         finally:
             cleanup()
         os.replace(scratch / task.prediction_file, output)

@@ -9,7 +9,6 @@ dev_mismatched (``accuracy_mm``) in one pass. Predictions go to predictions.json
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,10 +19,9 @@ from bertforge.batch import Batch, LossOutput, real_tokens
 from bertforge.data.finetuning import (LabelMap, TextExample, glue_task, read_classification,
                                        read_glue)
 from bertforge.errors import ConfigError
-from bertforge.io import write_text_atomic
 from bertforge.metrics.classification import classification_metrics, glue_metrics
 from bertforge.models import BertConfig, BertForSequenceClassification
-from bertforge.tasks.finetune import FeatureSet, FinetuneTask
+from bertforge.tasks.finetune import FeatureSet, FinetuneTask, choice_loss
 
 
 def model_label_map(model: str) -> LabelMap | None:
@@ -39,15 +37,8 @@ def sequence_arrays(tokenizer, firsts: list, seconds: list | None, max_length: i
     """input_ids/token_type_ids/attention_mask of ``shape + (max_length,)`` from text (pairs)."""
     windows = tokenizer.encode_windows(firsts, seconds, max_length=max_length,
                                        truncation=truncation)
-    n = len(windows)
-    ids = np.full((n, max_length), tokenizer.pad_id, dtype=np.int64)
-    types = np.zeros((n, max_length), dtype=np.int64)
-    mask = np.zeros((n, max_length), dtype=np.int64)
-    for i, w in enumerate(windows):  # a loop over sequences; tokens are copied as slices
-        ids[i, :len(w.ids)], types[i, :len(w.ids)], mask[i, :len(w.ids)] = w.ids, w.type_ids, 1
-    full = shape + (max_length,)
-    return {"input_ids": ids.reshape(full), "token_type_ids": types.reshape(full),
-            "attention_mask": mask.reshape(full)}
+    arrays = tokenizer.pad_windows(windows, max_length)
+    return {key: value.reshape(shape + (max_length,)) for key, value in arrays.items()}
 
 
 class ClassificationTask(FinetuneTask):
@@ -107,15 +98,12 @@ class ClassificationTask(FinetuneTask):
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                       token_type_ids=batch["token_type_ids"]).logits.float()
-        if self.regression:
-            loss = F.mse_loss(logits.squeeze(-1), batch["labels"].float())
-            stats = {"loss": loss.detach()}
-        else:
-            loss = F.cross_entropy(logits, batch["labels"])
-            acc = (logits.detach().argmax(-1) == batch["labels"]).float().mean()
-            stats = {"loss": loss.detach(), "acc": acc}
-        return LossOutput(loss, stats, sequences=int(logits.shape[0]), tokens=real_tokens(batch))
+                       token_type_ids=batch["token_type_ids"]).logits
+        if not self.regression:
+            return choice_loss(logits, batch)
+        loss = F.mse_loss(logits.float().squeeze(-1), batch["labels"].float())
+        return LossOutput(loss, {"loss": loss.detach()}, sequences=int(logits.shape[0]),
+                          tokens=real_tokens(batch))
 
     def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
         return {"logits": out.logits}
@@ -139,15 +127,10 @@ class ClassificationTask(FinetuneTask):
             metrics.update({k + suffix: v for k, v in scores.items()})
         return metrics
 
-    def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:
-        import json
-
-        preds = self.predictions(outputs["logits"])
-        rows = []
-        for ex, p in zip(self.eval_examples, preds.tolist()):
-            label = p if self.regression else self.labels.name(int(p))
-            rows.append(json.dumps({"id": ex.id, "label": label}, ensure_ascii=False))
-        write_text_atomic(output_dir / "predictions.jsonl", "\n".join(rows) + "\n")
+    def prediction_rows(self, outputs: dict[str, np.ndarray]) -> list[dict]:
+        preds = self.predictions(outputs["logits"]).tolist()
+        return [{"id": ex.id, "label": p if self.regression else self.labels.name(int(p))}
+                for ex, p in zip(self.eval_examples, preds)]
 
     def model_overrides(self) -> dict[str, Any]:
         if self.regression:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import statistics
 from abc import ABC, abstractmethod
@@ -21,17 +22,18 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
-from bertforge.batch import Batch, to_device
+from bertforge.batch import Batch, LossOutput, real_tokens, to_device
 from bertforge.config import FinetuneConfig, save_config
 from bertforge.data.loader import PretrainingLoader
 from bertforge.errors import ConfigError, DataError
-from bertforge.io import write_json_atomic
-from bertforge.models import BertConfig, BertPreTrainedModel, read_weights
+from bertforge.io import write_json_atomic, write_text_atomic
+from bertforge.models import BertConfig, BertPreTrainedModel
 from bertforge.tokenization import BertTokenizer
 from bertforge.train.distributed import DistInfo
-from bertforge.train.flops import bert_train_flops
+from bertforge.train.flops import batch_train_flops
 from bertforge.train.guards import check_model_fits, explain_oom, refuse_nonfinite
 from bertforge.train.precision import build_precision
 from bertforge.train.resume import verify_model_files
@@ -148,11 +150,9 @@ def load_model(cls: type[BertPreTrainedModel], source: Path, seed: int, device: 
     config = BertConfig.load(source).replace(**overrides)
     check_model_fits(config, device, str(source))
     with explain_oom(config, device, str(source)):
-        torch.manual_seed(seed)
-        model = cls(config)
-        weights, where = read_weights(source)
-        model.load_hf_state_dict(weights, source=where, ignore_mismatched_heads=True)
-        refuse_nonfinite(model.named_parameters(), Path(where), source)
+        torch.manual_seed(seed)  # the fresh heads' initial weights
+        model = cls.from_pretrained(source, ignore_mismatched_heads=True, **overrides)
+        refuse_nonfinite(model.named_parameters(), source / "model.safetensors", source)
         model = model.to(device)
     model.train()  # heads absent from the checkpoint were reported (INFO) by the loader
     return model
@@ -186,30 +186,19 @@ def train_loader(features: FeatureSet, cfg: FinetuneConfig, info: DistInfo) -> P
         raise ConfigError(str(exc)) from None
 
 
-def encoder_flops(model: nn.Module, batch: Batch) -> float:
-    """Training FLOPs of the encoder over a batch's real tokens (heads are negligible here)."""
-    c = unwrap(model).config
-    lengths = batch["attention_mask"].reshape(-1, batch["attention_mask"].shape[-1]).sum(-1)
-    return sum(bert_train_flops(layers=c.num_hidden_layers, hidden=c.hidden_size,
-                                intermediate=c.intermediate_size, vocab=c.padded_vocab_size,
-                                seq_len=s, predictions=0, nsp=False) for s in lengths.tolist())
+def choice_loss(logits: torch.Tensor, batch: Batch) -> LossOutput:
+    """Cross-entropy of (B, classes or choices) logits against ``batch["labels"]``, with the
+    batch's accuracy as a stat; one example is one sequence."""
+    logits = logits.float()
+    loss = F.cross_entropy(logits, batch["labels"])
+    acc = (logits.detach().argmax(-1) == batch["labels"]).float().mean()
+    return LossOutput(loss, {"loss": loss.detach(), "acc": acc}, sequences=int(logits.shape[0]),
+                      tokens=real_tokens(batch))
 
 
-def write_results(output_dir: Path, metrics: dict, info: DistInfo) -> None:
-    if info.is_main:
-        write_json_atomic(output_dir / RESULTS_FILE, metrics, sort_keys=False)
-
-
-def save_final_model(model: nn.Module, tokenizer: BertTokenizer, output_dir: Path,
-                     info: DistInfo) -> None:
-    """The fine-tuned model as a Hugging Face directory in ``output_dir`` itself."""
-    if info.is_main:
-        unwrap(model).save_pretrained(output_dir, tokenizer=tokenizer)
-
-
-def format_metrics(metrics: dict, skip: Sequence[str] = ()) -> str:
+def format_metrics(metrics: dict) -> str:
     return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                     for k, v in metrics.items() if k not in skip and not isinstance(v, dict))
+                     for k, v in metrics.items())
 
 
 class FinetuneTask(ABC):
@@ -261,8 +250,24 @@ class FinetuneTask(ABC):
     def model_overrides(self) -> dict[str, Any]:
         return {}
 
+    def prediction_rows(self, outputs: dict[str, np.ndarray]) -> list[dict]:
+        """One JSON object per evaluation example for ``prediction_file`` (JSON Lines); a task
+        with another output format overrides ``write_predictions`` instead."""
+        return []
+
     def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:
-        """Task-specific prediction files (rank 0 only); none by default."""
+        rows = [json.dumps(row, ensure_ascii=False) for row in self.prediction_rows(outputs)]
+        write_text_atomic(output_dir / self.prediction_file, "".join(r + "\n" for r in rows))
+
+    def write_outputs(self, output_dir: Path, metrics: dict) -> None:
+        """The predictions of the latest evaluation and eval_results.json (rank 0 writes)."""
+        if not self.info.is_main:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if self.last_outputs is not None:
+            self.write_predictions(output_dir, self.last_outputs)
+        if metrics:
+            write_json_atomic(output_dir / RESULTS_FILE, metrics, sort_keys=False)
 
     # -- the Task protocol ------------------------------------------------------------------
     @property
@@ -281,14 +286,13 @@ class FinetuneTask(ABC):
         return self.score(self.last_outputs) if self.labelled else {}
 
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
-        return encoder_flops(model, batch)
+        # The encoder over the real tokens; the small task heads are not counted.
+        return batch_train_flops(unwrap(model).config, batch["attention_mask"])
 
     def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
-        if self.last_outputs is not None and self.info.is_main:
-            self.write_predictions(output_dir, self.last_outputs)
-        if validation:
-            write_results(output_dir, validation, self.info)
-        save_final_model(model, self.tokenizer, output_dir, self.info)
+        self.write_outputs(output_dir, validation)
+        if self.info.is_main:  # the fine-tuned model, a Hugging Face directory in output_dir
+            unwrap(model).save_pretrained(output_dir, tokenizer=self.tokenizer)
         return validation
 
     def describe(self, last: dict, validation: dict) -> list[str]:
@@ -305,10 +309,8 @@ class FinetuneTask(ABC):
         model = self.build_model(None)
         precision = build_precision(self.cfg.precision, self.info.device)
         metrics = self.evaluate(model, precision.autocast)
+        self.write_outputs(out, metrics)
         if self.info.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            self.write_predictions(out, self.last_outputs or {})
-            write_results(out, metrics, self.info)
             print(f"{self.name} evaluation of {self.cfg.model}\n  {format_metrics(metrics)}\n"
                   f"  results      {out / RESULTS_FILE}")
         return RunResult(output_dir=out, step=0, preempted=False, final_checkpoint=None,

@@ -17,9 +17,9 @@ from torch import nn
 from bertforge.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens, to_device
 from bertforge.config import PretrainConfig
 from bertforge.errors import ConfigError
-from bertforge.train.benchmark import pretraining_flops
 from bertforge.train.data import PretrainData, open_pretrain_data
 from bertforge.train.distributed import DistInfo, all_reduce_sum
+from bertforge.train.flops import batch_train_flops
 from bertforge.train.guards import check_model_fits, check_vocab, explain_oom, refuse_nonfinite
 from bertforge.train.resume import verify_model_files
 from bertforge.train.run import RunResult, benchmark_task, distributed_run, run_task
@@ -145,7 +145,8 @@ class PretrainTask:
         return evaluate(model, self.data, self.info, self.cfg.train.eval_batches, autocast)
 
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
-        return pretraining_flops(model, batch, nsp=self.data.has_pairs)
+        return batch_train_flops(model.config, batch["attention_mask"],
+                                 batch["mlm_labels"].ne(IGNORE_INDEX).sum(1), self.data.has_pairs)
 
     def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
         return validation  # the final checkpoint is the product

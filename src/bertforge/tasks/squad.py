@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.batch import Batch, LossOutput, real_tokens
-from bertforge.data.finetuning.squad import (QAFeatures, SquadData, postprocess_qa, qa_features,
-                                             read_squad, write_qa_outputs)
+from bertforge.data.finetuning.qa_postprocess import NO_SPAN_ODDS, QAPredictions
+from bertforge.data.finetuning.squad import (QAFeatures, postprocess_qa, qa_features, read_squad,
+                                             write_qa_outputs)
 from bertforge.metrics.squad import SquadQuestion, score_v1, score_v2
 from bertforge.models import BertConfig, BertForQuestionAnswering
 from bertforge.tasks.finetune import FeatureSet, FinetuneTask, pad_to
@@ -35,7 +36,7 @@ class SquadTask(FinetuneTask):
     def read(self) -> tuple[list | None, list | None]:
         data = self.cfg.data
         self.version_2 = False
-        self.eval_data: SquadData | None = None
+        self._processed: tuple[dict, QAPredictions] | None = None
         train = None
         if data.train:
             parsed = read_squad(data.train)
@@ -44,9 +45,9 @@ class SquadTask(FinetuneTask):
         if not self.labelled:  # new questions: answer them as the model was trained to
             self.version_2 = BertConfig.load(str(self.cfg.model)).finetuning_task == "squad_v2"
         if data.validation:
-            self.eval_data = read_squad(data.validation, require_answers=self.labelled)
-            self.version_2 = self.version_2 or self.eval_data.version == "2.0"
-            return train, self.eval_data.examples[: data.max_eval_examples]
+            evals = read_squad(data.validation, require_answers=self.labelled)
+            self.version_2 = self.version_2 or evals.version == "2.0"
+            return train, evals.examples[: data.max_eval_examples]
         return train, None
 
     def encode(self, examples: list, training: bool) -> FeatureSet:
@@ -76,12 +77,16 @@ class SquadTask(FinetuneTask):
         return {"start_logits": pad_to(out.start_logits, width, _MASKED_LOGIT),
                 "end_logits": pad_to(out.end_logits, width, _MASKED_LOGIT)}
 
-    def postprocess(self, outputs: dict[str, np.ndarray]):
-        e = self.cfg.eval
-        return postprocess_qa(self.eval_examples, self.qa_eval, outputs["start_logits"],
-                              outputs["end_logits"], n_best_size=e.n_best_size,
-                              max_answer_length=e.max_answer_length, version_2=self.version_2,
-                              null_score_diff_threshold=e.null_score_diff_threshold)
+    def postprocess(self, outputs: dict[str, np.ndarray]) -> QAPredictions:
+        """Answers from the logits of an evaluation pass; scoring and writing the predictions
+        of the same pass share one run of the n-best search."""
+        if self._processed is None or self._processed[0] is not outputs:
+            e = self.cfg.eval
+            self._processed = (outputs, postprocess_qa(
+                self.eval_examples, self.qa_eval, outputs["start_logits"], outputs["end_logits"],
+                n_best_size=e.n_best_size, max_answer_length=e.max_answer_length,
+                version_2=self.version_2, null_score_diff_threshold=e.null_score_diff_threshold))
+        return self._processed[1]
 
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
         preds = self.postprocess(outputs)
@@ -92,7 +97,7 @@ class SquadTask(FinetuneTask):
         # The predictions already answer "" where the null score wins by the configured
         # threshold, so exact/f1 score them as they are (threshold inf); null_odds order the
         # questions for the official best-threshold search.
-        odds = {k: min(v, 1e30) for k, v in preds.null_odds.items()}
+        odds = {k: min(v, NO_SPAN_ODDS) for k, v in preds.null_odds.items()}
         return score_v2(questions, preds.predictions, na_probs=odds, na_prob_thresh=math.inf)
 
     def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:

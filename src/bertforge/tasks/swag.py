@@ -6,22 +6,18 @@ returns (B, C) logits. One example counts as one sequence (of C x S tokens) in t
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from bertforge.batch import Batch, LossOutput, real_tokens
+from bertforge.batch import Batch, LossOutput
 from bertforge.data.finetuning import ChoiceExample, read_swag
 from bertforge.errors import DataError
-from bertforge.io import write_text_atomic
 from bertforge.metrics.classification import accuracy
 from bertforge.models import BertForMultipleChoice
 from bertforge.tasks.classify import sequence_arrays
-from bertforge.tasks.finetune import FeatureSet, FinetuneTask
+from bertforge.tasks.finetune import FeatureSet, FinetuneTask, choice_loss
 
 
 class MultipleChoiceTask(FinetuneTask):
@@ -50,11 +46,8 @@ class MultipleChoiceTask(FinetuneTask):
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                       token_type_ids=batch["token_type_ids"]).logits.float()  # (B, C)
-        loss = F.cross_entropy(logits, batch["labels"])
-        acc = (logits.detach().argmax(-1) == batch["labels"]).float().mean()
-        return LossOutput(loss, {"loss": loss.detach(), "acc": acc},
-                          sequences=int(logits.shape[0]), tokens=real_tokens(batch))
+                       token_type_ids=batch["token_type_ids"]).logits  # (B, C)
+        return choice_loss(logits, batch)
 
     def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
         return {"logits": out.logits}
@@ -63,10 +56,9 @@ class MultipleChoiceTask(FinetuneTask):
         return {"accuracy": accuracy(outputs["logits"].argmax(-1),
                                      self.eval_features.arrays["labels"])}
 
-    def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:
-        rows = [json.dumps({"id": ex.id, "label": int(p)})
+    def prediction_rows(self, outputs: dict[str, np.ndarray]) -> list[dict]:
+        return [{"id": ex.id, "label": int(p)}
                 for ex, p in zip(self.eval_examples, outputs["logits"].argmax(-1))]
-        write_text_atomic(output_dir / "predictions.jsonl", "\n".join(rows) + "\n")
 
     def model_overrides(self) -> dict[str, Any]:
         return {"finetuning_task": "swag"}

@@ -8,9 +8,7 @@ predicted "O". Scores are entity-level precision/recall/F1 with seqeval's defini
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +18,6 @@ import torch.nn.functional as F
 from bertforge.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
 from bertforge.data.finetuning import LabelMap, TaggedExample, read_token_tags
 from bertforge.errors import ConfigError
-from bertforge.io import write_text_atomic
 from bertforge.metrics.seqeval import entity_scores
 from bertforge.models import BertForTokenClassification
 from bertforge.tasks.classify import model_label_map
@@ -51,17 +48,11 @@ class TokenClassificationTask(FinetuneTask):
                                                 max_length=self.max_seq_length,
                                                 is_pretokenized=True)
         n, s = len(windows), self.max_seq_length
-        arrays = {"input_ids": np.full((n, s), self.tokenizer.pad_id, dtype=np.int64),
-                  "token_type_ids": np.zeros((n, s), dtype=np.int64),
-                  "attention_mask": np.zeros((n, s), dtype=np.int64)}
+        arrays = self.tokenizer.pad_windows(windows, s)
         labels = np.full((n, s), IGNORE_INDEX, dtype=np.int64)
         starts: list[np.ndarray] = []  # per example: first sub-token position of each kept word
         cut = 0
         for i, (ex, w) in enumerate(zip(examples, windows)):
-            size = len(w.ids)
-            arrays["input_ids"][i, :size] = w.ids
-            arrays["token_type_ids"][i, :size] = w.type_ids
-            arrays["attention_mask"][i, :size] = 1
             first = [t for t, word in enumerate(w.word_ids)
                      if word is not None and (t == 0 or w.word_ids[t - 1] != word)]
             starts.append(np.asarray(first, dtype=np.int64))
@@ -106,10 +97,9 @@ class TokenClassificationTask(FinetuneTask):
         return {**scores, **{f"{kind}_{name}": value for kind, values in sorted(per_type.items())
                              for name, value in values.items()}}
 
-    def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:
-        rows = [json.dumps({"id": ex.id, "tokens": ex.tokens, "tags": tags}, ensure_ascii=False)
+    def prediction_rows(self, outputs: dict[str, np.ndarray]) -> list[dict]:
+        return [{"id": ex.id, "tokens": ex.tokens, "tags": tags}
                 for ex, tags in zip(self.eval_examples, self.predicted_tags(outputs))]
-        write_text_atomic(output_dir / "predictions.jsonl", "\n".join(rows) + "\n")
 
     def model_overrides(self) -> dict[str, Any]:
         return {"num_labels": len(self.labels), "id2label": self.labels.id2label,

@@ -19,25 +19,15 @@ import torch
 from torch import nn
 
 from bertforge.io import write_json_atomic
-from bertforge.batch import IGNORE_INDEX, to_device
+from bertforge.batch import to_device
 from bertforge.train.distributed import DistInfo, all_reduce_sum
-from bertforge.train.flops import bert_train_flops, peak_flops
+from bertforge.train.flops import peak_flops
 from bertforge.train.loop import LoopConfig, group_micro_batches, train_step
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def pretraining_flops(model: nn.Module, batch: dict, nsp: bool) -> float:
-    """Training FLOPs of one pretraining micro-batch, from CPU-side lengths (no device sync)."""
-    c = model.config
-    lengths = batch["attention_mask"].sum(1).tolist()
-    preds = batch["mlm_labels"].ne(IGNORE_INDEX).sum(1).tolist()
-    return sum(bert_train_flops(layers=c.num_hidden_layers, hidden=c.hidden_size,
-                                intermediate=c.intermediate_size, vocab=c.padded_vocab_size,
-                                seq_len=s, predictions=p, nsp=nsp) for s, p in zip(lengths, preds))
 
 
 def _peak_memory_gib(device: torch.device) -> float:

@@ -36,6 +36,19 @@ def bert_train_flops(*, layers: int, hidden: int, intermediate: int, vocab: int,
     return 3.0 * (encoder + heads)
 
 
+def batch_train_flops(config, attention_mask: torch.Tensor,
+                      predictions: torch.Tensor | None = None, nsp: bool = False) -> float:
+    """Training FLOPs of one micro-batch from its CPU tensors (no device sync): one sequence per
+    row of ``attention_mask`` ((B, S), or (B, C, S) for multiple choice: B*C sequences) at its
+    real length, with ``predictions`` (per row) MLM positions (none without)."""
+    lengths = attention_mask.reshape(-1, attention_mask.shape[-1]).sum(-1).tolist()
+    preds = [0] * len(lengths) if predictions is None else predictions.tolist()
+    return sum(bert_train_flops(layers=config.num_hidden_layers, hidden=config.hidden_size,
+                                intermediate=config.intermediate_size,
+                                vocab=config.padded_vocab_size, seq_len=s, predictions=p, nsp=nsp)
+               for s, p in zip(lengths, preds))
+
+
 def peak_flops(device: torch.device, precision: str) -> float | None:
     """The device's peak FLOP/s for ``precision``, or None when unknown (CPUs, unlisted GPUs)."""
     if device.type != "cuda":

@@ -429,20 +429,12 @@ def qa_features(examples: Sequence[QAExample], tokenizer: BertTokenizer, *,
             positions.append((0, 0) if chars is None else _positions(c, first, chars))
 
     n = len(rows)
-    input_ids = np.full((n, max_seq_length), tokenizer.pad_id, dtype=np.int64)
-    token_type_ids = np.zeros((n, max_seq_length), dtype=np.int64)
-    attention_mask = np.zeros((n, max_seq_length), dtype=np.int64)
+    inputs = tokenizer.pad_windows(rows, max_seq_length)
     is_max = np.zeros((n, max_seq_length), dtype=bool)
     for r, (w, mask) in enumerate(zip(rows, max_ctx)):
-        size = len(w.ids)
-        input_ids[r, :size] = w.ids
-        token_type_ids[r, :size] = w.type_ids
-        attention_mask[r, :size] = 1
         first = w.sequence_ids.index(1) if mask.size else 0
         is_max[r, first:first + mask.size] = mask
-    features = QAFeatures(input_ids=input_ids, token_type_ids=token_type_ids,
-                          attention_mask=attention_mask,
-                          example_index=np.asarray(index, dtype=np.int64),
+    features = QAFeatures(**inputs, example_index=np.asarray(index, dtype=np.int64),
                           offsets=offsets, token_is_max_context=is_max)
     if training:
         pos = np.asarray(positions, dtype=np.int64).reshape(n, 2)  # (N, 2): start, end
