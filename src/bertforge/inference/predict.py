@@ -39,8 +39,7 @@ def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str]
     """Predictions for ``data`` written atomically to ``output`` (SQuAD: id -> answer JSON;
     other tasks: JSON Lines with id and label/tags)."""
     from bertforge.tasks.finetune import build_task
-    from bertforge.train.distributed import cleanup, init_distributed
-    from bertforge.train.precision import build_precision
+    from bertforge.train.run import distributed_run
 
     if not data.is_file():
         raise ConfigError(f"--data {data} does not exist")
@@ -57,14 +56,9 @@ def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str]
             *picked, f"--model={model}", "--data.train=null", f"--data.validation={data}",
             "--data.validation_mismatched=null", "--data.max_eval_examples=null",
             f"--output_dir={scratch}", *overrides])
-        info = init_distributed()
-        try:
+        with distributed_run(cfg, "predict") as info:
             task = build_task(cfg, info, labelled=False)
-            model_ = task.build_model(None)
-            task.evaluate(model_, build_precision(cfg.precision, info.device).autocast)
-            task.write_outputs(scratch, {})
-        finally:
-            cleanup()
+            task.evaluate_only()  # unlabelled: writes the predictions to scratch, no scores
         os.replace(scratch / task.prediction_file, output)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

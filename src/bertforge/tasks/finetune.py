@@ -304,13 +304,14 @@ class FinetuneTask(ABC):
         return lines
 
     def evaluate_only(self) -> RunResult:
-        """No training data: score ``model`` on the validation file and write the outputs."""
+        """No training data: predict the validation file with ``model`` (and score it when
+        labelled) and write the outputs to ``output_dir``."""
         out = Path(self.cfg.output_dir)
         model = self.build_model(None)
         precision = build_precision(self.cfg.precision, self.info.device)
         metrics = self.evaluate(model, precision.autocast)
         self.write_outputs(out, metrics)
-        if self.info.is_main:
+        if self.info.is_main and metrics:
             print(f"{self.name} evaluation of {self.cfg.model}\n  {format_metrics(metrics)}\n"
                   f"  results      {out / RESULTS_FILE}")
         return RunResult(output_dir=out, step=0, preempted=False, final_checkpoint=None,

@@ -227,7 +227,7 @@ def run_task(task: Task, cfg: RunConfig, info: DistInfo) -> RunResult:
 
     validation: dict = {}
     if not result.preempted:
-        if task.has_validation and hooks.evaluate is not None:
+        if hooks.evaluate is not None:
             logged = result.step in last_eval  # the loop evaluated this very step already
             validation = hooks.evaluate(result.step)
             if not logged:
