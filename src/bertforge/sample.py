@@ -22,7 +22,8 @@ from bertforge.data.segment import split_sentences
 from bertforge.errors import ConfigError
 from bertforge.io import write_text_atomic
 
-__all__ = ["build_sample_corpus", "module_sentences", "stdlib_modules"]
+__all__ = ["build_sample_corpus", "is_prose", "module_sentences", "prose_paragraphs",
+           "stdlib_modules"]
 
 # Directories with tests, vendored packages, tools or generated tables rather than prose.
 _SKIP_DIRS = frozenset(
@@ -65,7 +66,7 @@ def _docstrings(tree: ast.Module) -> Iterator[str]:
             yield inspect.cleandoc(doc)
 
 
-def _is_prose(sentence: str) -> bool:
+def is_prose(sentence: str) -> bool:
     """Mostly letters, a few words, no code-like symbols: a sentence worth learning from."""
     words = _WORD.findall(sentence)
     visible = [c for c in sentence if not c.isspace()]
@@ -77,7 +78,7 @@ def _is_prose(sentence: str) -> bool:
     )
 
 
-def _paragraphs(doc: str) -> Iterator[str]:
+def prose_paragraphs(doc: str) -> Iterator[str]:
     """Prose paragraphs of one docstring: doctests, indented code and field lists dropped."""
     block: list[str] = []
     in_doctest = False
@@ -100,8 +101,8 @@ def module_sentences(path: Path) -> list[str]:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError, UnicodeDecodeError):
         return []
-    paragraphs = (para for doc in _docstrings(tree) for para in _paragraphs(doc))
-    return [s for para in paragraphs for s in split_sentences(para) if _is_prose(s)]
+    paragraphs = (para for doc in _docstrings(tree) for para in prose_paragraphs(doc))
+    return [s for para in paragraphs for s in split_sentences(para) if is_prose(s)]
 
 
 def build_sample_corpus(output: Path, max_bytes: int = 3_000_000) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bertforge.data.segment import split_sentences
 from bertforge.io import write_text_atomic
-from bertforge.sample import _is_prose, _paragraphs, stdlib_modules
+from bertforge.sample import is_prose, prose_paragraphs, stdlib_modules
 
 _RETURN = re.compile(r"^Returns? ")
 _MAX_ANSWER_WORDS = 20
@@ -27,8 +27,8 @@ _MAX_ANSWER_WORDS = 20
 
 def _question(name: str, doc: str) -> tuple[str, str, int] | None:
     """(context, answer, answer_start) for one docstring, or None when it does not fit."""
-    sentences = [s for para in _paragraphs(doc) for s in split_sentences(para)][:4]
-    if not sentences or not _RETURN.match(sentences[0]) or not all(map(_is_prose, sentences)):
+    sentences = [s for para in prose_paragraphs(doc) for s in split_sentences(para)][:4]
+    if not sentences or not _RETURN.match(sentences[0]) or not all(map(is_prose, sentences)):
         return None
     first = sentences[0]
     answer = first[_RETURN.match(first).end():].rstrip(".")

@@ -24,8 +24,8 @@ from tokenizers.models import WordPiece
 from bertforge.errors import DataError
 from bertforge.io import atomic_write, write_json_atomic, write_text_atomic
 
-__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "Window", "check_casing", "read_vocab_tokens", "read_vocab_txt",
-           "vocab_casing", "vocab_hash"]
+__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "Window", "check_casing", "read_vocab_tokens",
+           "read_vocab_txt", "vocab_casing", "vocab_hash"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_INPUT_CHARS_PER_WORD = 100
@@ -133,7 +133,7 @@ class Window:
 
     ids: list[int]
     type_ids: list[int]
-    offsets: list[tuple[int, int]]     # character span in its own text (or word); (0, 0) for specials
+    offsets: list[tuple[int, int]]     # character span in its own text (or word); (0, 0): special
     sequence_ids: list[int | None]     # 0: first text, 1: second text, None: [CLS]/[SEP]
     word_ids: list[int | None]         # index of the word in its text; None for specials
     source: int                        # index of the input (pair) this window was cut from

@@ -77,10 +77,6 @@ class PreTrainedModel(nn.Module):
     vocab_row_suffixes: ClassVar[tuple[str, ...]] = ()
     """Tensors with one row per vocabulary entry (padded in memory, trimmed in files)."""
 
-    def word_embeddings(self) -> nn.Embedding:
-        """The (padded_vocab_size, H) input embedding table."""
-        raise NotImplementedError
-
     def rename_legacy(self, name: str) -> str:
         """The current name of a weight saved under an older naming scheme of the family."""
         return name

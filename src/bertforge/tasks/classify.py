@@ -122,7 +122,8 @@ class ClassificationTask(FinetuneTask):
             if self.glue is not None:
                 scores = glue_metrics(self.glue.name, preds[rows], gold[rows])
             else:
-                scores = classification_metrics(preds[rows], gold[rows], len(self.labels or ()) or 1,
+                scores = classification_metrics(preds[rows], gold[rows],
+                                                len(self.labels or ()) or 1,
                                                 regression=self.regression)
             metrics.update({k + suffix: v for k, v in scores.items()})
         return metrics

@@ -125,8 +125,9 @@ def predict(model: nn.Module, features: FeatureSet, batch_size: int, info: DistI
         return mine
     gathered: list[Any] = [None] * info.world_size
     dist.all_gather_object(gathered, mine)
-    keys = [k for part in gathered for k in part]
-    return {k: np.concatenate([part[k] for part in gathered if k in part]) for k in dict.fromkeys(keys)}
+    # A rank whose share was empty (fewer features than ranks) sent no arrays.
+    keys = dict.fromkeys(k for part in gathered for k in part)
+    return {k: np.concatenate([part[k] for part in gathered if k in part]) for k in keys}
 
 
 def read_tokenizer(model: str | Path) -> BertTokenizer:
