@@ -90,12 +90,19 @@ def _convert(args: argparse.Namespace, extra: list) -> int:
     return 0
 
 
-def _pretrain(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.config import PretrainConfig, load_config
+def _run_config(cls: type, args: argparse.Namespace, extra: list):
+    """``cls`` from the recipe or file of ``--config`` and the ``--key=value`` overrides; loaded
+    before torch is imported, so config errors are instant."""
+    from bertforge.config import load_config
     from bertforge.recipes import resolve_recipe
 
-    recipe = resolve_recipe(args.config) if args.config else None
-    cfg = load_config(PretrainConfig, recipe, extra)  # before torch: config errors are instant
+    return load_config(cls, resolve_recipe(args.config) if args.config else None, extra)
+
+
+def _pretrain(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.config import PretrainConfig
+
+    cfg = _run_config(PretrainConfig, args, extra)
     from bertforge.tasks.pretrain import benchmark_pretraining, pretrain
 
     benchmark_pretraining(cfg) if args.benchmark else pretrain(cfg)
@@ -103,11 +110,9 @@ def _pretrain(args: argparse.Namespace, extra: list) -> int:
 
 
 def _finetune(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.config import FinetuneConfig, load_config
-    from bertforge.recipes import resolve_recipe
+    from bertforge.config import FinetuneConfig
 
-    recipe = resolve_recipe(args.config) if args.config else None
-    cfg = load_config(FinetuneConfig, recipe, extra)  # before torch: config errors are instant
+    cfg = _run_config(FinetuneConfig, args, extra)
     from bertforge.tasks.finetune import benchmark_finetuning, finetune, finetune_seeds
 
     if args.benchmark:

@@ -109,11 +109,8 @@ def total_steps(cfg: RunConfig, task: Task) -> int:
     """``train.max_steps``, or ``train.epochs`` passes over the data where the config has them
     (fine-tuning) and no step count is set."""
     steps = cfg.train.max_steps
-    epochs = getattr(cfg.train, "epochs", None)
-    if steps is None:
-        if epochs is None:
-            raise ConfigError("set train.epochs or train.max_steps")
-        steps = max(1, math.ceil(epochs * task.train.batches_per_epoch))
+    if steps is None:  # only fine-tuning's train section leaves it unset; it has epochs
+        steps = max(1, math.ceil(cfg.train.epochs * task.train.batches_per_epoch))
     return steps
 
 
