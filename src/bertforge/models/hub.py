@@ -81,6 +81,13 @@ class PreTrainedModel(nn.Module):
         """The current name of a weight saved under an older naming scheme of the family."""
         return name
 
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute layer activations in backward instead of storing them (every stack that
+        supports it: a module with a ``gradient_checkpointing`` flag)."""
+        for module in self.modules():
+            if hasattr(module, "gradient_checkpointing"):
+                module.gradient_checkpointing = enabled
+
     def mismatch_hints(self, names: list[str]) -> list[str]:
         """Family-specific advice for a failed load that involves these weight names."""
         return []

@@ -126,7 +126,7 @@ class _Setup:
         self.max_steps = total_steps(cfg, task)
         self.model = model = task.build_model(self.resume_from)
         if cfg.train.gradient_checkpointing:
-            getattr(model, model.base_model_prefix).encoder.gradient_checkpointing = True
+            model.set_gradient_checkpointing(True)
         # Weights are initialised from the same seed on every rank (DDP also broadcasts them);
         # from here on each rank draws its own dropout masks, as rank-seeded generators.
         torch.manual_seed(cfg.train.seed + info.rank)
