@@ -1,13 +1,17 @@
 """Turning tokenized documents into pretraining instances.
 
 A document is a list of sentences, each already a list of token ids (no special tokens). The
-functions here cut documents into model-sized sequences for one of three objectives:
+functions here cut documents into model-sized sequences for one of four objectives:
 
 * ``nsp``  BERT's next-sentence prediction: segment B either continues A (label 0) or comes from a
            different document (label 1).
 * ``sop``  ALBERT's sentence-order prediction: A and B are always consecutive text from the same
            document; they are swapped with probability 0.5 (label 1 when swapped).
 * ``none`` single-segment sequences of whole, contiguous sentences (no pair objective, label -1).
+* ``denoise`` the sequences of ``none``, plus where each sentence ends inside them: BART's
+           denoising permutes whole sentences, so the boundaries are stored with the tokens. The
+           noise itself (masking spans, permutation) is drawn at load time; nothing noisy is
+           stored.
 
 Everything is a pure function of ``(documents, rng)``: the same inputs and the same seed give the
 same instances on any machine, which is what makes ``prepare`` reproducible across worker counts.
@@ -22,7 +26,7 @@ from typing import Sequence
 
 from bertforge.errors import ConfigError
 
-OBJECTIVES = ("nsp", "sop", "none")
+OBJECTIVES = ("nsp", "sop", "none", "denoise")
 
 # One document: sentences -> token ids. Kept as plain lists because instance building is a
 # sequential walk over small lists, which is where Python lists beat numpy.
@@ -35,16 +39,22 @@ class Instance:
 
     Attributes:
         tokens: token ids including special tokens: ``[CLS] A [SEP] B [SEP]`` for pair objectives,
-            ``[CLS] X [SEP]`` for ``none``.
+            ``[CLS] X [SEP]`` for ``none`` and ``denoise`` (for a BPE vocabulary the ids of
+            ``<s>`` and ``</s>``).
         a_length: length of ``[CLS] A [SEP]``; tokens after it have segment id 1. Equals
             ``len(tokens)`` for single-segment instances.
         nsp_label: 0 = B follows A (IsNext / in order), 1 = B is random (nsp) or swapped (sop),
             -1 = no pair objective.
+        sentence_ends: ``denoise`` only (None otherwise): the exclusive end position in ``tokens``
+            of each sentence, increasing. The first sentence starts at 1 (after ``[CLS]``), each
+            next one where the previous ended, and the last ends at ``len(tokens) - 1`` (before
+            ``[SEP]``). A sentence cut to fit the sequence counts as one sentence per piece.
     """
 
     tokens: list[int]
     a_length: int
     nsp_label: int
+    sentence_ends: list[int] | None = None
 
 
 def check_instance_settings(max_seq_length: int, short_seq_prob: float, objective: str) -> None:
@@ -85,8 +95,9 @@ def create_instances(
     docs = [d for d in docs if d]
     out: list[Instance] = []
     for index, doc in enumerate(docs):
-        if objective == "none":
-            out.extend(_pack_document(doc, rng, max_seq_length, short_seq_prob, cls_id, sep_id))
+        if objective in ("none", "denoise"):
+            out.extend(_pack_document(doc, rng, max_seq_length, short_seq_prob, cls_id, sep_id,
+                                      with_sentences=objective == "denoise"))
         else:
             out.extend(
                 _pairs_from_document(
@@ -200,30 +211,40 @@ def _pack_document(
     short_seq_prob: float,
     cls_id: int,
     sep_id: int,
+    *,
+    with_sentences: bool = False,
 ) -> list[Instance]:
     """Greedy packing of whole consecutive sentences into ``[CLS] X [SEP]`` sequences.
 
     Sequences never cross a document boundary. A sentence longer than ``max_seq_length - 2`` is
     cut into full-length pieces (the last piece may start a new sequence with following text).
+    With ``with_sentences`` each instance records where its sentences (or pieces) end.
     """
     max_tokens = max_seq_length - 2
     target = _target_length(rng, max_tokens, short_seq_prob)
     out: list[Instance] = []
     current: list[int] = []
+    ends: list[int] = []  # exclusive end of each sentence of ``current``, counting [CLS]
+
+    def add(piece: Sequence[int]) -> None:
+        current.extend(piece)
+        ends.append(len(current) + 1)
 
     def flush() -> None:
         if current:
             tokens = [cls_id, *current, sep_id]
-            out.append(Instance(tokens=tokens, a_length=len(tokens), nsp_label=-1))
+            out.append(Instance(tokens=tokens, a_length=len(tokens), nsp_label=-1,
+                                sentence_ends=list(ends) if with_sentences else None))
             current.clear()
+            ends.clear()
 
     for sentence in doc:
         if current and len(current) + len(sentence) > target:
             flush()
         pieces = [sentence[k : k + max_tokens] for k in range(0, len(sentence), max_tokens)]
         for piece in pieces[:-1]:
-            current.extend(piece)  # a full-length piece: emitted on its own
+            add(piece)  # a full-length piece: emitted on its own
             flush()
-        current.extend(pieces[-1])
+        add(pieces[-1])
     flush()
     return out

@@ -7,6 +7,18 @@ A shard holds N instances as four flat arrays (see docs/data-format.md):
     a_lengths   int16  [N]    length of "[CLS] A [SEP]"
     nsp_labels  int8   [N]    0 IsNext, 1 random/swapped, -1 no pair objective
 
+Data prepared with objective ``denoise`` adds where each sentence of an instance ends, so that
+sentence permutation can move whole sentences at load time:
+
+    sentence_offsets  int64  [N+1]  instance i's ends are sentence_ends[so[i]:so[i+1]]
+    sentence_ends     int16  [M]    exclusive end positions inside the instance's tokens,
+                                    increasing; the first sentence starts at 1 (after [CLS]),
+                                    the last ends at the length - 1 (before [SEP])
+
+These two are optional (a shard of another objective, or one written before they existed, has
+neither), so the addition keeps format version 1; a reader that knows only the four arrays
+reads such shards correctly. On disk the tensors follow ``TENSOR_ORDER``.
+
 Instances are stored sorted by length bin (stable, so the shuffled order survives inside a bin);
 the bins and the shard's statistics live in the safetensors ``__metadata__``. The writer
 (:mod:`bertforge.data.native_writer`) builds the safetensors container itself (an 8-byte header
@@ -42,12 +54,21 @@ DTYPE_CODES = {
 }
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 # Fixed tensor order, widest element first, so every tensor starts aligned to its element size.
-TENSOR_ORDER = ("offsets", "input_ids", "a_lengths", "nsp_labels")
+# The sentence pair is optional; without it the order (and the bytes) are those of the four
+# required tensors alone.
+TENSOR_ORDER = ("offsets", "sentence_offsets", "input_ids", "a_lengths", "sentence_ends",
+                "nsp_labels")
+REQUIRED_TENSORS = ("offsets", "input_ids", "a_lengths", "nsp_labels")
+SENTENCE_TENSORS = ("sentence_offsets", "sentence_ends")
 
 
 @dataclass
 class Shard:
-    """A shard mapped into memory: numpy views onto the file, valid while the object lives."""
+    """A shard mapped into memory: numpy views onto the file, valid while the object lives.
+
+    ``sentence_offsets`` [N+1] and ``sentence_ends`` [M] are None when the shard holds no
+    sentence boundaries (any objective but ``denoise``).
+    """
 
     path: Path
     offsets: np.ndarray
@@ -55,9 +76,15 @@ class Shard:
     a_lengths: np.ndarray
     nsp_labels: np.ndarray
     metadata: dict[str, str]
+    sentence_offsets: np.ndarray | None = None
+    sentence_ends: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.a_lengths)
+
+    @property
+    def has_sentences(self) -> bool:
+        return self.sentence_ends is not None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -88,10 +115,16 @@ def open_shard(path: str | Path) -> Shard:
         raise DataError(f"{path}: not a {FORMAT_NAME} shard; re-create it with `bertforge prepare`")
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    views = {}
-    for name in TENSOR_ORDER:
+    for name in REQUIRED_TENSORS:
         if name not in header:
             raise DataError(f"{path}: shard has no tensor {name!r}; re-create it with `bertforge prepare`")
+    present = [name for name in SENTENCE_TENSORS if name in header]
+    if len(present) == 1:
+        raise DataError(f"{path}: shard has tensor {present[0]!r} without its partner (it needs "
+                        f"both of {', '.join(SENTENCE_TENSORS)}); re-create it with `bertforge "
+                        "prepare`")
+    views = {}
+    for name in (n for n in TENSOR_ORDER if n in header):
         spec = header[name]
         dtype = CODE_DTYPES[spec["dtype"]]
         begin, end = spec["data_offsets"]
@@ -99,6 +132,10 @@ def open_shard(path: str | Path) -> Shard:
         views[name] = np.frombuffer(
             mm, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=data_start + begin
         )
+    if present and len(views["sentence_offsets"]) != len(views["offsets"]):
+        raise DataError(f"{path}: shard has {len(views['sentence_offsets'])} sentence offsets for "
+                        f"{len(views['a_lengths'])} instances; re-create it with "
+                        "`bertforge prepare`")
     return Shard(path=path, metadata=meta, **views)
 
 
@@ -215,6 +252,33 @@ class NativeDataset:
         """``(tokens [L] view, a_length, nsp_label)`` of instance ``i`` (the loader's protocol)."""
         item = self[i]
         return item.tokens, item.a_length, item.nsp_label
+
+    @property
+    def has_sentences(self) -> bool:
+        """Whether the split stores sentence boundaries (prepared with objective ``denoise``).
+
+        One run writes every shard of a split the same way, so the first shard tells (mapping it).
+        """
+        return bool(self.shard_paths) and self.shard(0).has_sentences
+
+    def get_sentences(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens [L] view, sentence_ends [M] int64)`` of instance ``i``, for denoising.
+
+        ``sentence_ends`` are the exclusive end positions of its sentences inside ``tokens``
+        (see :class:`bertforge.data.instances.Instance`). Raises ``DataError`` when the data
+        was prepared without sentence boundaries.
+        """
+        k, j = self.locate(int(i))
+        s = self.shard(k)
+        if s.sentence_offsets is None or s.sentence_ends is None:
+            raise DataError(
+                f"{self.root}: split {self.split!r} has no sentence boundaries (prepared with "
+                f"objective {self.manifest.get('objective', 'unknown')!r}, shard {s.path.name}); "
+                "re-run `bertforge prepare --objective denoise` into a new --output"
+            )
+        tokens = s.input_ids[s.offsets[j] : s.offsets[j + 1]]
+        ends = s.sentence_ends[s.sentence_offsets[j] : s.sentence_offsets[j + 1]]
+        return tokens, ends.astype(np.int64)
 
     def __getitem__(self, i: int) -> InstanceView:
         k, j = self.locate(int(i))

@@ -2,8 +2,10 @@
 
 ``write_shard`` sorts a chunk's instances by length bin and writes the safetensors container
 itself, so the bytes depend only on the data: sorted JSON keys, fixed tensor order, no hash-map
-order. ``build_manifest``/``write_manifest`` describe a finished ``prepare`` run. Every file
-appears atomically (:mod:`bertforge.io`), so an existing shard is a finished shard.
+order. Instances that carry ``sentence_ends`` (objective ``denoise``) add the two sentence
+tensors, permuted by the same length-bin sort as the instances. ``build_manifest`` and
+``write_manifest`` describe a finished ``prepare`` run. Every file appears atomically
+(:mod:`bertforge.io`), so an existing shard is a finished shard.
 """
 
 from __future__ import annotations
@@ -53,14 +55,24 @@ def write_shard(
     vocab_size: int,
     bin_width: int = DEFAULT_BIN_WIDTH,
     stats: dict[str, Any] | None = None,
+    sentences: bool | None = None,
 ) -> dict[str, Any]:
     """Write ``instances`` (already shuffled) as one shard, atomically.
 
+    ``sentences``: store the sentence tensors (True: every instance must carry
+    ``sentence_ends``; an empty shard then holds empty ones), leave them out (False), or store
+    them exactly when the instances carry boundaries (None; all or none must).
     The file appears at ``path`` only when complete (temp file, fsync, ``os.replace``), so an
     existing shard is a finished shard. Returns the metadata written (bins and stats).
     """
     path = Path(path)
     n = len(instances)
+    carried = sum(x.sentence_ends is not None for x in instances)
+    if sentences is None:
+        sentences = carried > 0
+    if sentences and carried < n:
+        raise ValueError(f"instances: {n - carried} of {n} carry no sentence_ends while writing "
+                         f"{path} with sentence boundaries; build all with objective 'denoise'")
     lengths = np.fromiter((len(x.tokens) for x in instances), dtype=np.int64, count=n)
     # Stable sort keeps the caller's (shuffled) order within each bin; sequences of similar
     # length then sit together, so a loader can batch by bin with little padding.
@@ -80,6 +92,8 @@ def write_shard(
         "a_lengths": np.array([instances[k].a_length for k in order], dtype="<i2"),
         "nsp_labels": np.array([instances[k].nsp_label for k in order], dtype="i1"),
     }
+    if sentences:
+        arrays.update(_sentence_arrays(instances, order, lengths[order], path))
     sorted_bins = bins[order]
     starts = np.flatnonzero(np.r_[True, sorted_bins[1:] != sorted_bins[:-1]]) if n else []
     bin_table = [
@@ -96,11 +110,43 @@ def write_shard(
     return {"bins": bin_table, "stats": stats or {}}
 
 
+def _sentence_arrays(instances: Sequence[Instance], order: np.ndarray, lengths: np.ndarray,
+                     path: Path) -> dict[str, np.ndarray]:
+    """``sentence_offsets`` [N+1] and ``sentence_ends`` [M] in stored order ``order``.
+
+    ``lengths`` [N] are the token counts in that order. Raises ``ValueError`` unless every
+    instance's ends increase from at least 2 to exactly its length - 1 (so each sentence is
+    non-empty and the ends fit int16 whenever the length does).
+    """
+    n = len(order)
+    counts = np.fromiter((len(instances[k].sentence_ends) for k in order), dtype=np.int64,
+                         count=n)
+    offsets = np.zeros(n + 1, dtype="<i8")
+    np.cumsum(counts, out=offsets[1:])
+    ends = np.fromiter((e for k in order for e in instances[k].sentence_ends), dtype=np.int64,
+                       count=int(offsets[-1]))
+    if n:
+        owner = np.repeat(np.arange(n), counts)  # instance of each end
+        same = owner[1:] == owner[:-1]
+        nonempty = counts > 0
+        ok = (nonempty.all() and ends[offsets[:-1]].min() >= 2
+              and np.array_equal(ends[offsets[1:] - 1], lengths - 1)
+              and bool(np.all(np.diff(ends)[same] > 0)) and lengths.max() <= 32768)
+        if not ok:
+            raise ValueError(f"instances: sentence_ends must increase from >= 2 to len(tokens) - 1 "
+                             f"(<= 32767) in every instance; got other values while writing {path}")
+    return {"sentence_offsets": offsets, "sentence_ends": ends.astype("<i2")}
+
+
 def _write_safetensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    """The safetensors container by hand: header length (u64 LE), JSON header, raw tensor bytes."""
+    """The safetensors container by hand: header length (u64 LE), JSON header, raw tensor bytes.
+
+    Tensors go in ``TENSOR_ORDER``, skipping the optional ones ``arrays`` does not hold.
+    """
+    names = [name for name in TENSOR_ORDER if name in arrays]
     header: dict[str, Any] = {"__metadata__": metadata}
     start = 0
-    for name in TENSOR_ORDER:
+    for name in names:
         arr = arrays[name]
         header[name] = {
             "dtype": DTYPE_CODES[arr.dtype],
@@ -115,7 +161,7 @@ def _write_safetensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict
         with open(tmp, "wb") as f:
             f.write(len(blob).to_bytes(8, "little"))
             f.write(blob)
-            for name in TENSOR_ORDER:
+            for name in names:
                 f.write(memoryview(np.ascontiguousarray(arrays[name])).cast("B"))
 
     atomic_write(path, write)

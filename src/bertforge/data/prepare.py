@@ -1,4 +1,8 @@
-"""``bertforge prepare``: corpus -> sentence-pair instances -> token shards, in parallel.
+"""``bertforge prepare``: corpus -> pretraining instances -> token shards, in parallel.
+
+Instances follow ``objective``: BERT's sentence pairs (``nsp``), ALBERT's ordered pairs (``sop``),
+packed single segments (``none``), or packed segments with their sentence boundaries for BART's
+denoising (``denoise``, native format only).
 
 The main process only reads documents (cheap I/O) and groups them, in input order, into chunks
 of at most ``docs_per_shard`` documents or ``chunk_bytes`` of text, so chunk boundaries depend
@@ -42,6 +46,8 @@ SETTINGS_NAME = "prepare-settings.json"
 TOKENIZER_DIR = "tokenizer"
 # Rough English WordPiece density (bytes of raw text per token) for the up-front size estimate.
 BYTES_PER_TOKEN = 4.5
+# Rough English sentence length in tokens, for the size of denoise's sentence boundaries.
+TOKENS_PER_SENTENCE = 25
 
 
 @dataclass
@@ -115,7 +121,10 @@ def prepare(
 ) -> PrepareReport:
     """Turn text files into pretraining shards in ``output`` and return a report.
 
-    Keywords mirror the ``bertforge prepare`` flags. ``validation_fraction`` (default 0.01) is
+    Keywords mirror the ``bertforge prepare`` flags. ``objective`` is one of ``nsp``, ``sop``,
+    ``none`` or ``denoise``; ``denoise`` packs whole sentences as ``none`` does and also stores
+    where each sentence ends (for BART's sentence permutation; the noise is drawn at load time),
+    which only ``fmt="native"`` can hold. ``validation_fraction`` (default 0.01) is
     the probability that a document is held out for the ``validation`` split (0: no such split).
     ``dupe_factor`` applies to ``fmt="hdf5"`` only: that many instance passes, each with its own
     static masks; native shards store one pass and masks are drawn at load time.
@@ -239,6 +248,9 @@ def _check_args(a: dict[str, Any]) -> None:
     checks = [
         ("--input-format", a["input_format"] in FORMATS, f"must be one of {', '.join(FORMATS)}"),
         ("--format", a["fmt"] in ("native", "hdf5"), "must be native or hdf5"),
+        ("--format", not (a["fmt"] == "hdf5" and a["objective"] == "denoise"),
+         "hdf5 stores static BERT masks and cannot hold --objective denoise data; use --format "
+         "native"),
         ("--workers", isinstance(a["workers"], int) and a["workers"] >= 1, "must be >= 1"),
         ("--dupe-factor", isinstance(a["dupe_factor"], int) and a["dupe_factor"] >= 1, "must be >= 1"),
         ("--validation-fraction", a["validation_fraction"] in limits.FRACTION,
@@ -378,7 +390,11 @@ def _estimate_bytes(input_bytes: int, settings: dict) -> int:
     instances = tokens / (0.9 * settings["max_seq_length"])
     if settings["output_format"] == "native":
         itemsize = np.dtype(settings["token_dtype"]).itemsize
-        return int(tokens * itemsize + instances * 11)  # + offsets (8), a_length (2), label (1)
+        size = tokens * itemsize + instances * 11  # + offsets (8), a_length (2), label (1)
+        if settings["objective"] == "denoise":
+            # sentence_offsets (8 per instance) and one int16 end per sentence
+            size += instances * 8 + 2 * tokens / TOKENS_PER_SENTENCE
+        return int(size)
     # Static masks, before gzip: int32 ids + int8 mask and segments [S], int32 positions and
     # ids [P], one label; per instance pass.
     per_instance = 6 * settings["max_seq_length"] + 8 * settings["max_predictions"] + 1

@@ -3,9 +3,9 @@
 A worker process is set up once (:func:`init_worker`: job settings, the tokenizer, and a watch
 that ends the worker when the main process is gone), then runs :func:`process_chunk` for each
 chunk the main process hands it: segmentation, tokenization, validation assignment, instance
-creation and the shard write. Every random choice comes from an RNG seeded by ``(seed, chunk
-index, purpose)``, so a chunk's shards are the same byte for byte whichever process builds them
-and however many there are.
+creation and the shard write (objective ``denoise`` stores sentence boundaries with the tokens).
+Every random choice comes from an RNG seeded by ``(seed, chunk index, purpose)``, so a chunk's
+shards are the same byte for byte whichever process builds them and however many there are.
 """
 
 from __future__ import annotations
@@ -148,8 +148,10 @@ def _write_split(job: dict[str, Any], index: int, split: str, docs: list[list[li
     }
     path = Path(job["root"]) / shard_name(split, index, job["output_format"])
     if job["output_format"] == "native":
+        # denoise shards hold sentence tensors even when empty, so every shard of a split agrees.
         native_writer.write_shard(path, instances, vocab_size=job["vocab_size"],
-                                  bin_width=job["length_bin_width"], stats=stats)
+                                  bin_width=job["length_bin_width"], stats=stats,
+                                  sentences=job["objective"] == "denoise")
     else:
         _write_hdf5(path, instances, job, rng, stats)
     return stats
