@@ -1,4 +1,5 @@
-"""BERT WordPiece tokenizer on top of the `tokenizers` library.
+"""BERT WordPiece tokenizer on top of the `tokenizers` library, and ``load_tokenizer``, which
+picks WordPiece (BERT) or byte-level BPE (BART, ``bertforge.bpe``) by what a path holds.
 
 The pipeline is exactly BERT's: BertNormalizer (clean control characters, space out CJK
 characters, and for uncased models lower-case and strip accents), BertPreTokenizer (split on
@@ -15,7 +16,7 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
@@ -24,8 +25,11 @@ from tokenizers.models import WordPiece
 from bertforge.errors import DataError
 from bertforge.io import atomic_write, write_json_atomic, write_text_atomic
 
-__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "Window", "check_casing", "read_vocab_tokens",
-           "read_vocab_txt", "vocab_casing", "vocab_hash"]
+if TYPE_CHECKING:
+    from bertforge.bpe import BpeTokenizer
+
+__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "Window", "check_casing", "load_tokenizer",
+           "read_vocab_tokens", "read_vocab_txt", "vocab_casing", "vocab_hash"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_INPUT_CHARS_PER_WORD = 100
@@ -39,9 +43,44 @@ def vocab_hash(tokens: Sequence[str]) -> str:
 
 
 def read_vocab_tokens(directory: str | Path) -> list[str] | None:
-    """Tokens (in id order) of the tokenizer saved in a model directory; None if it has none."""
-    found = _directory_tokens(Path(directory))
-    return None if found is None else found[0]
+    """Tokens (in id order) of the tokenizer saved in a model directory, WordPiece or byte-level
+    BPE; None if it has none."""
+    directory = Path(directory)
+    kind = _directory_kind(directory)
+    if kind is None:
+        return None
+    if kind == "WordPiece":
+        return _directory_tokens(directory)[0]
+    from bertforge.bpe import read_bpe_directory  # imported here: bertforge.bpe imports us
+
+    return read_bpe_directory(directory)[0]
+
+
+def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer:
+    """The tokenizer ``path`` holds: a vocab.txt is WordPiece (``BertTokenizer``); a
+    tokenizer.json is WordPiece or byte-level BPE (``BpeTokenizer``) by its model type; a
+    directory is read through its tokenizer.json, else its vocab.txt, else its vocab.json +
+    merges.txt. ``DataError`` when the path holds none of these."""
+    from bertforge.bpe import BpeTokenizer  # imported here: bertforge.bpe imports us
+
+    path = Path(path)
+    if path.is_dir():
+        kind = _directory_kind(path)
+        if kind is None:
+            raise DataError(f"{path} holds no tokenizer: expected tokenizer.json, vocab.txt (BERT) "
+                            "or vocab.json + merges.txt (BART)")
+        return (BertTokenizer.from_pretrained(path) if kind == "WordPiece"
+                else BpeTokenizer.from_pretrained(path))
+    if not path.exists():
+        raise DataError(f"tokenizer {path} does not exist; give a vocab.txt, a tokenizer.json or "
+                        "a model directory")
+    if path.name in ("vocab.json", "merges.txt"):
+        raise DataError(f"{path} is one half of a BPE tokenizer; give the directory that holds "
+                        "both vocab.json and merges.txt")
+    if path.suffix == ".json":
+        return (BertTokenizer.from_file(path) if _tokenizer_json_kind(path) == "WordPiece"
+                else BpeTokenizer.from_file(path))
+    return BertTokenizer.from_file(path)
 
 
 def read_vocab_txt(path: str | Path) -> list[str]:
@@ -403,24 +442,59 @@ def _directory_tokens(directory: Path) -> tuple[list[str], bool | None] | None:
     return None
 
 
+def _directory_kind(directory: Path) -> str | None:
+    """"WordPiece" or "BPE": the kind of tokenizer a directory holds (its tokenizer.json, else
+    its vocab.txt, else its vocab.json + merges.txt); None when it holds none."""
+    if (directory / "tokenizer.json").exists():
+        return _tokenizer_json_kind(directory / "tokenizer.json")
+    if (directory / "vocab.txt").exists():
+        return "WordPiece"
+    if (directory / "vocab.json").exists() and (directory / "merges.txt").exists():
+        return "BPE"
+    return None
+
+
+def _tokenizer_json_kind(path: Path) -> str:
+    """The model type of a tokenizer.json, "WordPiece" or "BPE"; ``DataError`` for any other."""
+    model = _read_json(path).get("model")
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind not in ("WordPiece", "BPE"):
+        raise DataError(f"{path}: model type is {kind!r}; bertforge loads WordPiece (BERT) and "
+                        "byte-level BPE (BART) tokenizers only")
+    return kind
+
+
 def _read_tokenizer_json(path: Path) -> tuple[list[str], bool | None]:
-    """(tokens in id order, lowercase flag of its BertNormalizer or None) of a tokenizer.json."""
+    """(tokens in id order, lowercase flag of its BertNormalizer or None) of a WordPiece
+    tokenizer.json; ``DataError`` for any other model type."""
     data = _read_json(path)
-    model = data.get("model") or {}
-    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+    model = data.get("model")
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind != "WordPiece" or not isinstance(model.get("vocab"), dict):
         raise DataError(
-            f"{path}: model type is {model.get('type')!r}, not a WordPiece vocabulary; "
+            f"{path}: model type is {kind!r}, not a WordPiece vocabulary; "
             "BERT needs a WordPiece tokenizer.json or a vocab.txt"
-        )
-    by_id = {i: t for t, i in model["vocab"].items()}
-    for added in data.get("added_tokens") or []:
-        by_id.setdefault(added.get("id"), added.get("content"))
-    if not by_id:
-        raise DataError(f"{path}: the vocabulary is empty; build one with `bertforge vocab`")
-    if sorted(by_id) != list(range(len(by_id))):
-        raise DataError(
-            f"{path}: token ids are not 0..{len(by_id) - 1} without gaps; the file is damaged"
         )
     normalizer = data.get("normalizer") or {}
     lower = normalizer.get("lowercase") if normalizer.get("type") == "BertNormalizer" else None
-    return [by_id[i] for i in range(len(by_id))], lower
+    return _tokenizer_json_tokens(path, data), lower
+
+
+def _tokenizer_json_tokens(path: Path, data: dict) -> list[str]:
+    """Tokens in id order of a tokenizer.json's model vocabulary (``{token: id}``, checked by the
+    caller) and its added tokens; ``DataError`` unless the ids are 0..n-1, each once."""
+    vocab = data["model"]["vocab"]
+    added = [a for a in data.get("added_tokens") or [] if isinstance(a, dict)]
+    if not all(type(i) is int for i in [*vocab.values(), *(a.get("id") for a in added)]):
+        raise DataError(f"{path}: a token id is not an integer; the file is damaged")
+    by_id = {i: t for t, i in vocab.items()}
+    for token in added:
+        by_id.setdefault(token["id"], token.get("content"))
+    if not by_id:
+        raise DataError(f"{path}: the vocabulary is empty; build one with `bertforge vocab`")
+    # Two tokens sharing an id collapse into one entry of by_id, leaving fewer ids than tokens.
+    if len(by_id) < len(vocab) or sorted(by_id) != list(range(len(by_id))):
+        raise DataError(
+            f"{path}: token ids are not 0..{len(by_id) - 1} without gaps; the file is damaged"
+        )
+    return [by_id[i] for i in range(len(by_id))]

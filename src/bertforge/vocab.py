@@ -1,11 +1,14 @@
-"""WordPiece vocabulary training (`bertforge vocab`), streaming a corpus into `tokenizers`.
+"""Vocabulary training, streaming a corpus into `tokenizers`: BERT's WordPiece (`bertforge
+vocab`, ``train_wordpiece``) and BART's byte-level BPE (``train_bpe``).
 
-The corpus is read twice (the first pass fixes the alphabet, which makes training
-deterministic, see ``train_wordpiece``) and never held in memory: only counts grow with it.
+The corpus is never held in memory: only counts grow with it. WordPiece reads it twice (the
+first pass fixes the alphabet, which makes training deterministic, see ``train_wordpiece``);
+byte-level BPE reads it once, its alphabet being the 256 byte symbols.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import unicodedata
 from collections import Counter
@@ -14,12 +17,19 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from tokenizers import Tokenizer, pre_tokenizers
-from tokenizers.trainers import WordPieceTrainer
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer, WordPieceTrainer
 from tqdm import tqdm
 
+from bertforge.bpe import BPE_SPECIAL_TOKENS, BpeTokenizer, parse_bpe_tokenizer_json
 from bertforge.data.corpus import FORMATS, ReadStats, document_sentences, expand_inputs, iter_documents
 from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer, _bert_normalizer, _wordpiece
+
+__all__ = ["BpeReport", "VocabReport", "train_bpe", "train_wordpiece"]
+
+BYTE_SYMBOLS = 256  # byte-level BPE's alphabet: one symbol per byte value
+
 
 @dataclass
 class VocabReport:
@@ -37,10 +47,8 @@ class VocabReport:
 
     def summary(self) -> str:
         """A few lines for the end of `bertforge vocab`."""
-        casing = "uncased (lower-cased, accents stripped)" if self.lowercase else "cased"
         lines = [
-            f"wrote {self.vocab_path} ({self.vocab_size} tokens, {casing}) "
-            f"and {self.tokenizer_json}",
+            self._wrote(),
             f"read {self.files_read} file(s), {self.documents} document(s), "
             f"{self.bytes / 1e6:.1f} MB of text",
         ]
@@ -56,6 +64,29 @@ class VocabReport:
                 lines.append(f"  ... and {len(self.files_skipped) - 10} more")
         return "\n".join(lines)
 
+    def _wrote(self) -> str:
+        """The summary's first line: what was written where."""
+        casing = "uncased (lower-cased, accents stripped)" if self.lowercase else "cased"
+        return (f"wrote {self.vocab_path} ({self.vocab_size} tokens, {casing}) "
+                f"and {self.tokenizer_json}")
+
+
+@dataclass(kw_only=True)
+class BpeReport(VocabReport):
+    """What ``train_bpe`` read and wrote: ``vocab_path`` is the vocab.json, ``merges_path`` the
+    merges.txt, both beside the tokenizer.json and configs in one directory (``lowercase`` is
+    always False: byte-level BPE keeps text as it is)."""
+
+    merges_path: Path
+    merges: int
+    add_prefix_space: bool
+
+    def _wrote(self) -> str:
+        prefix = ", a space added before each text" if self.add_prefix_space else ""
+        return (f"wrote byte-level BPE to {self.vocab_path.parent} ({self.vocab_size} tokens, "
+                f"{self.merges} merges{prefix}): {self.vocab_path.name}, "
+                f"{self.merges_path.name}, {self.tokenizer_json.name} and transformers configs")
+
 
 def _warn_stderr(message: str) -> None:
     tqdm.write(f"warning: {message}", file=sys.stderr)  # keeps an active progress bar intact
@@ -69,6 +100,54 @@ def _vocab_outputs(output: Path) -> tuple[Path, Path]:
         return output, output.with_name("tokenizer.json")
     # A custom name must not overwrite an unrelated tokenizer.json in the same directory.
     return output, output.with_name(f"{output.stem}.tokenizer.json")
+
+
+def _check_input_format(input_format: str) -> None:
+    if input_format not in FORMATS:
+        known = ", ".join(FORMATS)
+        raise ConfigError(f"input format {input_format!r} is not known; use one of {known}")
+
+
+def _corpus_batches(
+    paths: Sequence[Path],
+    *,
+    input_format: str,
+    text_field: str,
+    progress: bool,
+    desc: str,
+    warn: Callable[[str], None],
+    stats: ReadStats,
+) -> Iterator[list[str]]:
+    """The corpus's sentences in batches of about 1000, read as they are consumed.
+
+    Lines go to the consumer as they are read: only counts grow with the corpus, never the text.
+    Wiki markup must go first; plain text needs no segmenting. A byte progress bar (``desc``)
+    follows the reading; problems go to ``warn`` and are counted in ``stats``.
+    """
+    total = sum(p.stat().st_size for p in paths)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress)
+    batch: list[str] = []
+    for path in paths:
+        docs = iter_documents(
+            path, input_format=input_format, text_field=text_field, warn=warn, stats=stats
+        )
+        for doc in docs:
+            batch += document_sentences(doc) if doc.kind == "wikitext" else doc.lines
+            if len(batch) >= 1000:
+                yield batch
+                batch = []
+            bar.update(stats.input_bytes - bar.n)
+    bar.update(stats.input_bytes - bar.n)
+    bar.close()
+    if batch:
+        yield batch
+
+
+def _require_text(inputs: Sequence[str | Path], stats: ReadStats) -> None:
+    """``DataError`` when reading ``inputs`` found no document at all."""
+    if stats.documents == 0:
+        reasons = "; ".join(f"{p}: {r}" for p, r in stats.skipped[:5]) or "only blank lines"
+        raise DataError(f"no text found in {', '.join(map(str, inputs))} ({reasons})")
 
 
 def _alphabet(batches: Iterator[list[str]], lowercase: bool, limit: int) -> list[str]:
@@ -128,35 +207,16 @@ def train_wordpiece(
         raise ConfigError(
             f"min_frequency={min_frequency} and limit_alphabet={limit_alphabet} must be at least 1"
         )
-    if input_format not in FORMATS:
-        known = ", ".join(FORMATS)
-        raise ConfigError(f"input format {input_format!r} is not known; use one of {known}")
+    _check_input_format(input_format)
     vocab_path, json_path = _vocab_outputs(Path(output))
     if vocab_path.parent.exists() and not vocab_path.parent.is_dir():
         raise DataError(f"--output {output}: {vocab_path.parent} is a file, not a directory")
     paths = expand_inputs(inputs)
-    total = sum(p.stat().st_size for p in paths)
     stats = ReadStats()
 
     def batches(desc: str, warn: Callable[[str], None], stats: ReadStats) -> Iterator[list[str]]:
-        # Lines go to the consumer as they are read, in batches of ~1000: only counts grow with
-        # the corpus, never the text. Wiki markup must go first; plain text needs no segmenting.
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress)
-        batch: list[str] = []
-        for path in paths:
-            docs = iter_documents(
-                path, input_format=input_format, text_field=text_field, warn=warn, stats=stats
-            )
-            for doc in docs:
-                batch += document_sentences(doc) if doc.kind == "wikitext" else doc.lines
-                if len(batch) >= 1000:
-                    yield batch
-                    batch = []
-                bar.update(stats.input_bytes - bar.n)
-        bar.update(stats.input_bytes - bar.n)
-        bar.close()
-        if batch:
-            yield batch
+        return _corpus_batches(paths, input_format=input_format, text_field=text_field,
+                               progress=progress, desc=desc, warn=warn, stats=stats)
 
     # Pass 1 fixes the alphabet. The trainer numbers "##x" pieces in hash-map order and breaks
     # ties between equally frequent merges by those numbers, so two runs on the same text can
@@ -164,9 +224,7 @@ def train_wordpiece(
     # our order) makes pass 2 deterministic.
     first_pass = batches("vocab 1/2 (alphabet)", warn or _warn_stderr, stats)
     alphabet = _alphabet(first_pass, lowercase, limit_alphabet)
-    if stats.documents == 0:
-        reasons = "; ".join(f"{p}: {r}" for p, r in stats.skipped[:5]) or "only blank lines"
-        raise DataError(f"no text found in {', '.join(map(str, inputs))} ({reasons})")
+    _require_text(inputs, stats)
     trainer_tok = Tokenizer(_wordpiece(None))
     trainer_tok.normalizer = _bert_normalizer(lowercase)
     trainer_tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -194,6 +252,79 @@ def train_wordpiece(
         vocab_size=tokenizer.vocab_size,
         requested_vocab_size=vocab_size,
         lowercase=lowercase,
+        files_read=stats.files_read,
+        files_skipped=list(stats.skipped),
+        documents=stats.documents,
+        bytes=stats.text_bytes,
+    )
+
+
+def train_bpe(
+    inputs: Sequence[str | Path],
+    vocab_size: int,
+    output: str | Path,
+    *,
+    min_frequency: int = 2,
+    input_format: str = "auto",
+    text_field: str = "text",
+    progress: bool = True,
+    warn: Callable[[str], None] | None = None,
+    add_prefix_space: bool = True,
+) -> BpeReport:
+    """Train BART's byte-level BPE on a corpus, streaming it (never all in memory).
+
+    Writes into directory ``output`` everything ``BpeTokenizer.save`` writes (vocab.json,
+    merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json), atomically.
+    The five special tokens come first (<s> <pad> </s> <unk> <mask> = ids 0..4), then the 256
+    byte symbols, so every text is representable and none becomes <unk>, then one token per
+    merge. ``add_prefix_space`` makes the first word of a text look like every other word (a
+    space before it); it is saved with the tokenizer. The result may hold fewer than
+    ``vocab_size`` tokens when the corpus has too few frequent pairs. The same input and
+    arguments give the same files, byte for byte.
+    """
+    floor = len(BPE_SPECIAL_TOKENS) + BYTE_SYMBOLS
+    if vocab_size <= floor:
+        raise ConfigError(f"vocab_size={vocab_size} is too small; byte-level BPE needs the 5 "
+                          f"specials and {BYTE_SYMBOLS} byte symbols, so it must exceed {floor}")
+    if min_frequency < 1:
+        raise ConfigError(f"min_frequency={min_frequency} must be at least 1")
+    _check_input_format(input_format)
+    out = Path(output)
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise DataError(f"--output {output}: {existing} is a file; BPE training writes a directory "
+                        "(vocab.json, merges.txt, tokenizer.json and configs), so give a directory")
+    paths = expand_inputs(inputs)
+    stats = ReadStats()
+    trainer_tok = Tokenizer(BPE())
+    trainer_tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+    # The whole byte alphabet is declared up front: every byte gets a symbol even when the
+    # corpus lacks it, and symbol ids (which break ties between equally frequent pairs) do not
+    # depend on what the corpus happens to contain.
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(BPE_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    batches = _corpus_batches(paths, input_format=input_format, text_field=text_field,
+                              progress=progress, desc="bpe (pairs)", warn=warn or _warn_stderr,
+                              stats=stats)
+    trainer_tok.train_from_iterator(batches, trainer=trainer)
+    _require_text(inputs, stats)
+    tokens, merges, _ = parse_bpe_tokenizer_json(json.loads(trainer_tok.to_str()), out)
+    tokenizer = BpeTokenizer(tokens, merges, add_prefix_space=add_prefix_space, source=str(out))
+    tokenizer.save(out)
+    return BpeReport(
+        vocab_path=out / "vocab.json",
+        tokenizer_json=out / "tokenizer.json",
+        merges_path=out / "merges.txt",
+        vocab_size=tokenizer.vocab_size,
+        requested_vocab_size=vocab_size,
+        merges=len(tokenizer.merges),
+        lowercase=False,
+        add_prefix_space=add_prefix_space,
         files_read=stats.files_read,
         files_skipped=list(stats.skipped),
         documents=stats.documents,
