@@ -1,4 +1,4 @@
-"""bertforge: BERT pretraining and fine-tuning in modern PyTorch, with Hugging Face checkpoints natively.
+"""bertforge: BERT and BART pretraining and fine-tuning in modern PyTorch, with Hugging Face checkpoints natively.
 
 The model classes are exported lazily (PEP 562) so that ``import bertforge`` (and with it every
 command-line call, ``--help`` included) does not pay for importing torch.
@@ -21,6 +21,14 @@ _LAZY = {
     "BertForMultipleChoice": "bertforge.models.heads",
     "BertForTokenClassification": "bertforge.models.heads",
     "convert_nvidia_checkpoint": "bertforge.convert",
+    "BartConfig": "bertforge.models.bart_config",
+    "BartModel": "bertforge.models.bart",
+    "BartForConditionalGeneration": "bertforge.models.bart",
+    "BartForSequenceClassification": "bertforge.models.bart",
+    "BpeTokenizer": "bertforge.bpe",
+    "BertTokenizer": "bertforge.tokenization",
+    "GenerationConfig": "bertforge.generation",
+    "generate": "bertforge.generation",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -24,7 +24,9 @@ class Batch(TypedDict, total=False):
     token_type_ids: torch.Tensor   # same shape as input_ids: 0 first segment, 1 second
     mlm_labels: torch.Tensor       # (B, S) target id at masked positions, IGNORE_INDEX elsewhere
     nsp_labels: torch.Tensor       # (B,) next-sentence / sentence-order label or IGNORE_INDEX
-    labels: torch.Tensor           # (B,) class id or float target; (B, S) per token (tagging)
+    labels: torch.Tensor           # (B,) class id or float target; (B, S) per token (tagging);
+                                   # (B, T) target ids of a seq2seq batch, IGNORE_INDEX at padding
+    decoder_input_ids: torch.Tensor  # (B, T) seq2seq: the labels shifted right after the start id
     start_positions: torch.Tensor  # (B,) QA answer start token (0 = [CLS]: no answer here)
     end_positions: torch.Tensor    # (B,) QA answer end token (inclusive)
     index: torch.Tensor            # (B,) row of the feature set (evaluation keeps the order)

@@ -48,11 +48,18 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
 
 
 def _vocab(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.vocab import train_wordpiece
+    from bertforge.vocab import train_bpe, train_wordpiece
 
-    report = train_wordpiece(args.input, vocab_size=args.vocab_size, output=Path(args.output),
-                             lowercase=not args.cased, min_frequency=args.min_frequency,
-                             input_format=args.input_format, text_field=args.text_field)
+    if args.type == "bpe":
+        if args.cased:
+            raise UserError("--cased applies to WordPiece only: byte-level BPE always keeps case")
+        report = train_bpe(args.input, vocab_size=args.vocab_size, output=Path(args.output),
+                           min_frequency=args.min_frequency, input_format=args.input_format,
+                           text_field=args.text_field)
+    else:
+        report = train_wordpiece(args.input, vocab_size=args.vocab_size, output=Path(args.output),
+                                 lowercase=not args.cased, min_frequency=args.min_frequency,
+                                 input_format=args.input_format, text_field=args.text_field)
     print(report.summary())
     return 0
 
@@ -127,11 +134,38 @@ def _finetune(args: argparse.Namespace, extra: list) -> int:
 def _evaluate(args: argparse.Namespace, extra: list) -> int:
     import json
 
-    from bertforge.metrics.squad import evaluate_squad_files
+    if args.what == "summarization":
+        from bertforge.metrics.rouge import evaluate_summarization_files
 
-    scores = evaluate_squad_files(Path(args.data), Path(args.predictions),
-                                  Path(args.na_probs) if args.na_probs else None)
+        if not args.references:
+            raise UserError("evaluate summarization needs --references (the reference summaries)")
+        scores = evaluate_summarization_files(Path(args.predictions), Path(args.references),
+                                              prediction_field=args.prediction_field,
+                                              reference_field=args.reference_field)
+    else:
+        from bertforge.metrics.squad import evaluate_squad_files
+
+        if not args.data:
+            raise UserError("evaluate squad needs --data (the SQuAD dev JSON)")
+        scores = evaluate_squad_files(Path(args.data), Path(args.predictions),
+                                      Path(args.na_probs) if args.na_probs else None)
     print(json.dumps(scores, indent=2))
+    return 0
+
+
+def _generate(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.inference.generate import generate_file
+
+    overrides = {k: getattr(args, k) for k in ("num_beams", "length_penalty", "max_length",
+                                               "min_length", "no_repeat_ngram_size")
+                 if getattr(args, k) is not None}
+    if args.early_stopping is not None:
+        overrides["early_stopping"] = {"true": True, "false": False}.get(args.early_stopping,
+                                                                         args.early_stopping)
+    out = generate_file(Path(args.model), Path(args.input), Path(args.output),
+                        overrides=overrides, batch_size=args.batch_size, device=args.device,
+                        text_field=args.text_field, max_source_length=args.max_source_length)
+    print(f"wrote {out}")
     return 0
 
 
@@ -175,7 +209,8 @@ def _demo(args: argparse.Namespace, extra: list) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertforge", formatter_class=_Formatter,
-        description="BERT pretraining and fine-tuning with Hugging Face checkpoints natively.")
+        description="BERT and BART pretraining and fine-tuning with Hugging Face checkpoints "
+                    "natively.")
     parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -184,17 +219,26 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    p = add("vocab", _vocab, "Train a WordPiece vocabulary (vocab.txt + tokenizer.json).")
+    p = add("vocab", _vocab, "Train a vocabulary: WordPiece for BERT (vocab.txt + tokenizer.json) "
+            "or byte-level BPE for BART (a tokenizer directory).")
     _add_input_args(p)
-    p.add_argument("--vocab-size", type=_positive_int, default=30522, help="Target vocabulary size.")
-    p.add_argument("--output", required=True, help="vocab.txt to write (tokenizer.json goes beside it).")
+    p.add_argument("--type", choices=["wordpiece", "bpe"], default="wordpiece",
+                   help="wordpiece (BERT) or bpe (BART's byte-level BPE, specials <s> <pad> </s> "
+                        "<unk> <mask>).")
+    p.add_argument("--vocab-size", type=_positive_int, default=30522,
+                   help="Target vocabulary size (BART's is 50265).")
+    p.add_argument("--output", required=True,
+                   help="wordpiece: vocab.txt to write (tokenizer.json goes beside it); bpe: a "
+                        "directory for tokenizer.json, vocab.json, merges.txt and configs.")
     p.add_argument("--cased", action="store_true",
-                   help="Keep case and accents (default: lower-case and strip accents, as BERT uncased).")
+                   help="WordPiece: keep case and accents (default: lower-case and strip accents, "
+                        "as BERT uncased). BPE always keeps case.")
     p.add_argument("--min-frequency", type=_positive_int, default=2, help="Minimum count of a merged piece.")
 
     p = add("prepare", _prepare, "Turn a corpus into pretraining data (sentence pairs, shards).")
     _add_input_args(p)
-    p.add_argument("--vocab", required=True, help="vocab.txt, tokenizer.json or a model directory.")
+    p.add_argument("--vocab", required=True,
+                   help="vocab.txt, tokenizer.json or a model/tokenizer directory (WordPiece or BPE).")
     p.add_argument("--output", required=True, help="Output directory.")
     p.add_argument("--max-seq-length", type=_positive_int, default=128, help="Tokens per sequence.")
     p.add_argument("--max-predictions", type=_positive_int, default=20,
@@ -202,8 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--masked-lm-prob", type=float, default=0.15, help="Fraction of tokens masked.")
     p.add_argument("--short-seq-prob", type=float, default=0.1,
                    help="Probability of a shorter target length (as Google's BERT).")
-    p.add_argument("--objective", choices=["nsp", "sop", "none"], default="nsp",
-                   help="Sentence-pair task: next-sentence, sentence-order, or none (packed text).")
+    p.add_argument("--objective", choices=["nsp", "sop", "none", "denoise"], default="nsp",
+                   help="nsp / sop: BERT sentence pairs (next-sentence, sentence-order); none: "
+                        "packed text; denoise: packed documents with sentence boundaries for BART "
+                        "(noise is drawn at load time; native format only).")
     p.add_argument("--whole-word-masking", action="store_true", help="Mask whole words only.")
     p.add_argument("--dupe-factor", type=_positive_int, default=5,
                    help="hdf5 only: copies of the data with different static masks.")
@@ -233,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     from bertforge.config import PretrainConfig, describe
     from bertforge.recipes import RECIPES_DIR, list_recipes
 
-    p = add("pretrain", _pretrain, "Pretrain BERT (MLM + NSP) on prepared data.",
+    p = add("pretrain", _pretrain, "Pretrain BERT (MLM + NSP) or BART (denoising) on prepared "
+            "data.",
             epilog="config keys (set in the YAML file or as --key=value):\n"
                    + "\n".join(describe(PretrainConfig))
                    + f"\n\nrecipes (--config NAME, folder optional; copy one from {RECIPES_DIR} "
@@ -248,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bertforge.config import FinetuneConfig
 
     p = add("finetune", _finetune, "Fine-tune and evaluate on SQuAD, GLUE, your own "
-            "classification data, SWAG or token classification.",
+            "classification data, SWAG, token classification or summarization (BART).",
             epilog="config keys (set in the YAML file or as --key=value):\n"
                    + "\n".join(describe(FinetuneConfig))
                    + "\n\nrecipes (--config NAME):\n"
@@ -259,12 +306,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", action="store_true",
                    help="Time benchmark.steps training steps; report sequences/s and MFU.")
 
-    p = add("evaluate", _evaluate, "Score predictions with the official SQuAD v1.1/v2.0 metrics.")
-    p.add_argument("what", choices=["squad"], help="What to evaluate.")
-    p.add_argument("--data", required=True, help="The SQuAD dev JSON (v1.1 or v2.0).")
-    p.add_argument("--predictions", required=True, help="predictions.json: question id -> answer.")
+    p = add("evaluate", _evaluate, "Score predictions: SQuAD v1.1/v2.0 (official metrics) or "
+            "summaries (ROUGE-1/2/L/Lsum).")
+    p.add_argument("what", choices=["squad", "summarization"], help="What to evaluate.")
+    p.add_argument("--predictions", required=True,
+                   help="squad: predictions.json (question id -> answer); summarization: JSON "
+                        "Lines with id and summary (or prediction), or a .txt, one per line.")
+    p.add_argument("--data", default=None, help="squad: the SQuAD dev JSON (v1.1 or v2.0).")
     p.add_argument("--na-probs", default=None,
-                   help="v2.0: null_odds.json (no-answer scores) for the best-threshold search.")
+                   help="squad v2.0: null_odds.json (no-answer scores) for the threshold search.")
+    p.add_argument("--references", default=None,
+                   help="summarization: reference summaries (JSONL/CSV/TSV, CNN/DailyMail story "
+                        "directory, or .txt one per line); matched by id when both have ids.")
+    p.add_argument("--prediction-field", default=None,
+                   help="summarization: the predictions' text field (default: summary/prediction).")
+    p.add_argument("--reference-field", default=None,
+                   help="summarization: the references' field (default: detected; a list field "
+                        "gives several references per example).")
+
+    p = add("generate", _generate, "Generate with a BART model (batch summarization), using its "
+            "generation_config.json unless overridden.")
+    p.add_argument("--model", required=True, help="A BART model directory (e.g. from "
+                   "`bertforge finetune` with task: summarization).")
+    p.add_argument("--input", required=True,
+                   help="JSONL/CSV/TSV with a text column (article, document, text, ...), a "
+                        "CNN/DailyMail story directory, or a .txt with one text per line.")
+    p.add_argument("--output", required=True, help="JSON Lines to write: {id, summary} per text.")
+    p.add_argument("--text-field", default=None, help="The input's text column (default: detected).")
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="Texts per batch.")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1...")
+    p.add_argument("--max-source-length", type=_positive_int, default=None,
+                   help="Input tokens kept per text (default: the model's positions).")
+    p.add_argument("--num-beams", type=_positive_int, default=None, help="Beams (1 = greedy).")
+    p.add_argument("--length-penalty", type=float, default=None,
+                   help="Beam score = log-prob / length ** length_penalty.")
+    p.add_argument("--max-length", type=_positive_int, default=None,
+                   help="Longest output in tokens (the decoder start token included).")
+    p.add_argument("--min-length", type=int, default=None, help="Shortest output in tokens.")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                   help="Never repeat an n-gram of this size (0 = off).")
+    p.add_argument("--early-stopping", choices=["true", "false", "never"], default=None,
+                   help="Beam search stopping rule (transformers' meaning).")
 
     p = add("predict", _predict, "Predict with a fine-tuned model on new data (no labels "
             "needed); extra --key=value options are fine-tuning config keys (e.g. "

@@ -41,6 +41,36 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = No
 
 
 @dataclass
+class NoiseConfig:
+    """BART denoising (data prepared with ``--objective denoise``); fairseq's option names."""
+
+    mask: float = opt(0.3, "Fraction of words masked (text infilling with span-poisson).",
+                      run_defining=True)
+    mask_random: float = opt(0.1, "Fraction of masks that are a random token instead of <mask>.",
+                             run_defining=True)
+    poisson_lambda: float = opt(3.5, "Mean span length in words (span-poisson).",
+                                run_defining=True)
+    mask_length: str = opt("span-poisson", "span-poisson (text infilling), word or subword.",
+                           run_defining=True)
+    replace_length: int = opt(1, "A masked span becomes: 1 one <mask>, 0 nothing, -1 one <mask> "
+                              "per token.", run_defining=True)
+    permute_sentences: float = opt(1.0, "Fraction of sentences shuffled.", run_defining=True)
+    rotate: float = opt(0.0, "Probability of rotating the document to a random start.",
+                        run_defining=True)
+    insert: float = opt(0.0, "Fraction of tokens inserted as <mask>/random tokens.",
+                        run_defining=True)
+    delete: float = opt(0.0, "Fraction of tokens deleted (token deletion).", run_defining=True)
+
+    def __post_init__(self) -> None:
+        from bertforge.data.noising import NoiseSpec, check_noise_spec
+
+        try:
+            check_noise_spec(NoiseSpec(**dataclasses.asdict(self)))
+        except ValueError as exc:
+            raise ConfigError(f"data.noise: {exc}") from None
+
+
+@dataclass
 class DataConfig:
     path: Optional[str] = opt(None, "Prepared data: a `bertforge prepare` output directory, or NVIDIA/Google "
                     "hdf5 files (a directory, a file or a glob).")
@@ -55,6 +85,7 @@ class DataConfig:
     bin_by_length: bool = opt(True, "Draw every global batch from one length bin to cut padding.",
                               run_defining=True)
     num_workers: int = opt(2, "DataLoader worker processes that mask and collate (0 = in-process).")
+    noise: NoiseConfig = opt(help="BART denoising noise (denoise data only).", factory=NoiseConfig)
 
     def __post_init__(self) -> None:
         if self.masked_lm_prob is not None:
@@ -153,8 +184,9 @@ class BenchmarkConfig:
 class RunConfig:
     """The settings every training command shares; each task adds its own ``data`` section."""
 
-    model: str = opt("bert-base-uncased", "Preset name (bert-tiny ... bert-large-cased) or a "
-                     "config.json / model directory. vocab_size follows the data's vocabulary.",
+    model: str = opt("bert-base-uncased", "Preset name (bert-tiny ... bert-large-cased, bart-tiny, "
+                     "bart-base, bart-large) or a config.json / model directory. vocab_size "
+                     "follows the data's vocabulary.",
                      run_defining=True)
     output_dir: str = opt("runs/pretrain", "Where checkpoints, metrics and the resolved config go.")
     train: TrainConfig = opt(help="Steps and batch sizes.", factory=TrainConfig)
@@ -181,7 +213,8 @@ class PretrainConfig(RunConfig):
                      run_defining=True)
 
 
-FINETUNE_TASKS = ("squad", "glue", "classification", "swag", "token-classification")
+FINETUNE_TASKS = ("squad", "glue", "classification", "swag", "token-classification",
+                  "summarization")
 
 
 @dataclass
@@ -196,7 +229,17 @@ class FinetuneDataConfig:
     task_name: Optional[str] = opt(None, "GLUE task: cola sst2 mrpc stsb qqp mnli qnli rte wnli.",
                                    run_defining=True)
     max_seq_length: Optional[int] = opt(None, "Tokens per sequence (pair); default 384 for squad, "
-                                        "128 otherwise.", run_defining=True)
+                                        "1024 for summarization (the source article), 128 "
+                                        "otherwise; at most the model's positions.",
+                                        run_defining=True)
+    max_target_length: int = opt(256, "summarization: reference summaries are cut to this many "
+                                 "tokens for training.", run_defining=True)
+    article_field: Optional[str] = opt(None, "summarization: the source column; default: "
+                                       "detected (article, document, text, source, input).",
+                                       run_defining=True)
+    summary_field: Optional[str] = opt(None, "summarization: the reference column; default: "
+                                       "detected (summary, highlights, target, abstract).",
+                                       run_defining=True)
     doc_stride: int = opt(128, "squad: tokens between the starts of consecutive windows of a long "
                           "context.", run_defining=True)
     max_query_length: int = opt(64, "squad: questions are cut to this many tokens.",
@@ -217,7 +260,7 @@ class FinetuneDataConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"data.{name} must be >= 1, got {value}")
-        for name in ("doc_stride", "max_query_length"):
+        for name in ("doc_stride", "max_query_length", "max_target_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"data.{name} must be >= 1, got {getattr(self, name)}")
         if self.text_columns is not None and not 1 <= len(self.text_columns) <= 2:
@@ -233,10 +276,28 @@ class EvalConfig:
     null_score_diff_threshold: float = opt(0.0, "squad v2.0: answer \"\" when the no-answer score "
                                            "beats the best span by more than this.")
 
+    # Generation (summarization): unset = the model's generation_config.json, if any.
+    num_beams: Optional[int] = opt(None, "summarization: beams of beam search (1 = greedy).")
+    length_penalty: Optional[float] = opt(None, "summarization: beam score = log-prob / "
+                                          "length ** length_penalty.")
+    max_length: Optional[int] = opt(None, "summarization: longest summary in tokens (the decoder "
+                                    "start token included).")
+    min_length: Optional[int] = opt(None, "summarization: shortest summary in tokens.")
+    no_repeat_ngram_size: Optional[int] = opt(None, "summarization: never repeat an n-gram of "
+                                              "this size (0 = off).")
+    early_stopping: Optional[bool] = opt(None, "summarization: stop a beam search once num_beams "
+                                         "hypotheses are finished.")
+
     def __post_init__(self) -> None:
         for name in ("batch_size", "n_best_size", "max_answer_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
+
+    def generation_overrides(self) -> dict[str, Any]:
+        """The generation settings given here (None = keep the model's)."""
+        names = ("num_beams", "length_penalty", "max_length", "min_length",
+                 "no_repeat_ngram_size", "early_stopping")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
 
 @dataclass
@@ -250,11 +311,17 @@ class FinetuneTrainConfig(TrainConfig):
     micro_batch_size: int = opt(32, "Sequences per forward/backward on one rank.")
     eval_batches: int = opt(0, "Unused by fine-tuning: evaluation always covers the whole "
                             "validation file (see data.max_eval_examples).")
+    label_smoothing: float = opt(0.0, "summarization: probability mass spread uniformly over the "
+                                 "vocabulary in the loss (0.1 in BART's recipes).",
+                                 run_defining=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.epochs > 0:
             raise ConfigError(f"train.epochs must be > 0, got {self.epochs}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"train.label_smoothing must be in [0, 1), got "
+                              f"{self.label_smoothing}")
 
 
 @dataclass
@@ -267,8 +334,8 @@ class FinetuneOptimConfig(OptimConfig):
 
 @dataclass
 class FinetuneConfig(RunConfig):
-    task: str = opt("classification", "squad, glue, classification, swag or token-classification.",
-                    run_defining=True)
+    task: str = opt("classification", "squad, glue, classification, swag, token-classification "
+                    "or summarization.", run_defining=True)
     model: Optional[str] = opt(None, "Starting point: a Hugging Face BERT directory or a bertforge "
                                "checkpoint (with its tokenizer); heads it lacks start fresh.",
                                run_defining=True)
@@ -286,7 +353,8 @@ class FinetuneConfig(RunConfig):
 
     @property
     def max_seq_length(self) -> int:
-        return self.data.max_seq_length or (384 if self.task == "squad" else 128)
+        default = {"squad": 384, "summarization": 1024}.get(self.task, 128)
+        return self.data.max_seq_length or default
 
 
 # --- loading -------------------------------------------------------------------------------

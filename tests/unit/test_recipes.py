@@ -17,13 +17,16 @@ LARGE1 = RECIPES_DIR / "pretrain" / "bert-large-phase1.yaml"
 
 def test_lists_every_shipped_recipe() -> None:
     assert list_recipes("debug", "pretrain") == [
-        "debug/tiny-cpu", "pretrain/bert-base-phase1", "pretrain/bert-base-phase2",
-        "pretrain/bert-large-phase1", "pretrain/bert-large-phase2"]
+        "debug/bart-tiny-cpu", "debug/tiny-cpu", "pretrain/bart-base-phase1",
+        "pretrain/bart-base-phase2", "pretrain/bart-large-phase1", "pretrain/bart-large-phase2",
+        "pretrain/bert-base-phase1", "pretrain/bert-base-phase2", "pretrain/bert-large-phase1",
+        "pretrain/bert-large-phase2"]
     finetune = list_recipes("finetune")
     assert {f"finetune/glue-{t}" for t in GLUE} | {
         "finetune/squad-v1.1-bert-large", "finetune/squad-v1.1-bert-base",
         "finetune/squad-v2.0-bert-large", "finetune/swag", "finetune/conll2003",
-        "finetune/debug-cpu"} == set(finetune)
+        "finetune/debug-cpu", "finetune/summarization-cnndm",
+        "finetune/summarization-xsum"} == set(finetune)
     assert sorted(list_recipes()) == sorted(list_recipes("debug", "pretrain") + finetune)
 
 
@@ -32,6 +35,27 @@ def test_finetuning_recipes_load(name: str) -> None:
     cfg = load_config(FinetuneConfig, resolve_recipe(name), ["--model=DIR"])
     if cfg.task == "glue":  # each GLUE recipe is named after its task
         assert name == f"finetune/glue-{cfg.data.task_name}"
+
+
+@pytest.mark.parametrize("name", list_recipes("debug", "pretrain"))
+def test_pretraining_recipes_load_and_divide_their_batch(name: str) -> None:
+    from bertforge.config import PretrainConfig
+    from bertforge.models.auto import load_config as model_config
+
+    cfg = load_config(PretrainConfig, resolve_recipe(name))
+    assert cfg.train.global_batch_size % cfg.train.micro_batch_size == 0
+    assert model_config(cfg.model).num_parameters() > 0  # the model named is a known preset
+    if "bart" in name:
+        assert type(model_config(cfg.model)).__name__ == "BartConfig"
+
+
+def test_summarization_recipes_carry_the_published_generation_settings() -> None:
+    cnn = load_config(FinetuneConfig, resolve_recipe("summarization-cnndm"), ["--model=DIR"])
+    assert cnn.eval.generation_overrides() == {
+        "num_beams": 4, "length_penalty": 2.0, "max_length": 140, "min_length": 55,
+        "no_repeat_ngram_size": 3, "early_stopping": True}
+    xsum = load_config(FinetuneConfig, resolve_recipe("summarization-xsum"), ["--model=DIR"])
+    assert xsum.eval.num_beams == 6 and xsum.train.label_smoothing == 0.1
 
 
 def test_short_names_are_unique() -> None:

@@ -1,7 +1,9 @@
 """``bertforge inspect``: a human look at prepared data.
 
 For a native directory: the manifest in a few lines, then a few instances decoded to tokens with
-their segment ids, and one draw of the dynamic masking the loader would apply. For hdf5 shards
+their segment ids, and one draw of the dynamic masking the loader would apply (for denoising
+data: the original and noised text of a few documents, and noise statistics over many draws of
+the default noise recipe). For hdf5 shards
 (ours or NVIDIA's/Google's): the schema, the row count, and a few rows decoded with their static
 masks. Nothing here writes; everything returns a string.
 """
@@ -54,14 +56,13 @@ def inspect_dataset(path: str | Path, num: int = 3, seed: int = 0, *,
 
 
 def _tokenizer(vocab: str | Path | None, candidates: Sequence[Path]) -> Any:
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.tokenization import load_tokenizer
 
     if vocab is not None:
-        vocab = Path(vocab)
-        return BertTokenizer.from_pretrained(vocab) if vocab.is_dir() else BertTokenizer.from_file(vocab)
+        return load_tokenizer(vocab)
     for c in candidates:
         if c.is_dir():
-            return BertTokenizer.from_pretrained(c)
+            return load_tokenizer(c)
     return None
 
 
@@ -72,10 +73,12 @@ def _manifest_summary(path: Path, m: dict[str, Any]) -> str:
         f"max_seq_length {m['max_seq_length']}, seed {m['seed']}",
         f"  vocab      {m['vocab_size']} tokens, sha256 {m['vocab_hash'][:12]}..., "
         f"{'lower-cased' if m['do_lower_case'] else 'cased'}; special ids {m['special_ids']}",
-        f"  masking    masked_lm_prob {m['masked_lm_prob']}, max_predictions "
-        f"{m['max_predictions']}, whole_word_masking {m['whole_word_masking']}"
-        + (f", dupe_factor {m['dupe_factor']} (static)" if m["format"] != native.FORMAT_NAME
-           else " (loader defaults)"),
+        ("  noise      drawn at load time (data.noise.* of the pretraining config)"
+         if m["objective"] == "denoise" else
+         f"  masking    masked_lm_prob {m['masked_lm_prob']}, max_predictions "
+         f"{m['max_predictions']}, whole_word_masking {m['whole_word_masking']}"
+         + (f", dupe_factor {m['dupe_factor']} (static)" if m["format"] != native.FORMAT_NAME
+            else " (loader defaults)")),
         f"  totals     {c['documents']:,} documents, {c['sentences']:,} sentences, "
         f"{c['instances']:,} instances, {c['tokens']:,} tokens",
     ]
@@ -101,6 +104,8 @@ def _native_samples(path: Path, m: dict[str, Any], tok: Any, num: int, seed: int
     if len(ds) == 0:
         return f"(split {split} holds no instances)"
     picks = np.random.default_rng(seed).choice(len(ds), size=min(num, len(ds)), replace=False)
+    if m["objective"] == "denoise":
+        return _denoise_samples(ds, split, tok, sorted(int(p) for p in picks), seed)
     out = []
     for i in sorted(int(p) for p in picks):
         item = ds[i]
@@ -113,6 +118,45 @@ def _native_samples(path: Path, m: dict[str, Any], tok: Any, num: int, seed: int
         ids, positions, labels = _dynamic_mask(ds, m, tok, seed, i)
         out.append(f"  masked   (loader draw, seed {seed}, epoch 0; shown as input(original))")
         out.append("           " + _show_masked(tok, ids, positions, labels))
+    return "\n".join(out)
+
+
+STATISTICS_SAMPLES = 500
+
+
+def _denoise_samples(ds: native.NativeDataset, split: str, tok: Any, picks: list[int],
+                     seed: int) -> str:
+    """Original and noised text of ``picks`` (the loader's epoch-0 draws with ``seed`` and the
+    default noise recipe), then noise statistics over up to ``STATISTICS_SAMPLES`` documents."""
+    from bertforge.config import NoiseConfig
+    from bertforge.data.noising import NoiseSpec, noise_statistics
+    from bertforge.tasks.denoise import DenoisingBatchMaker, noise_vocab
+
+    if tok is None:
+        return "(no tokenizer next to the data: cannot show denoising samples)"
+    noise_cfg = NoiseConfig()
+    spec = NoiseSpec(**{k: getattr(noise_cfg, k) for k in NoiseSpec.__dataclass_fields__})
+    vocab = noise_vocab(tok)
+    maker = DenoisingBatchMaker(ds, seed=seed, spec=spec, vocab=vocab, pad_id=tok.pad_id,
+                                max_source_length=1 << 30)
+
+    def text(ids: np.ndarray) -> str:
+        return tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    out = [f"noise: the default recipe ({', '.join(f'{k} {v}' for k, v in vars(noise_cfg).items())}"
+           f"); loader draw with seed {seed}, epoch 0"]
+    for i in picks:
+        source, target = maker.pair(i, epoch=0)
+        _, ends = ds.get_sentences(i)
+        out.append(f"{split}[{i}]: {len(target)} tokens, {len(ends)} sentence(s); noised "
+                   f"{len(source)} tokens")
+        out.append("  original " + text(target))
+        out.append("  noised   " + text(source))
+    count = min(len(ds), STATISTICS_SAMPLES)
+    rows = np.random.default_rng(seed).choice(len(ds), size=count, replace=False)
+    stats = noise_statistics((maker.pair(int(r), epoch=0)[::-1] for r in rows), vocab)
+    out.append(f"noise statistics over {count} documents:")
+    out += [f"  {k:<18} {v:.4g}" for k, v in stats.items()]
     return "\n".join(out)
 
 

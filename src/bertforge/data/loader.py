@@ -368,7 +368,7 @@ class PretrainingLoader:
                 f"loader state batches_consumed={state['batches_consumed']} is outside "
                 f"[0, {self.batches_per_epoch}) for this dataset and configuration")
         self.seed = int(state["seed"])
-        if isinstance(self._maker, MicroBatchMaker):
+        if hasattr(self._maker, "seed"):  # makers that draw noise or masks from the seed
             self._maker.seed = self.seed
         self._order_cache = None
         self.epoch, self.batches_consumed = int(state["epoch"]), int(state["batches_consumed"])

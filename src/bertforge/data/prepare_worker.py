@@ -34,21 +34,22 @@ _JOB: dict[str, Any] = {}  # per process: the job settings and the loaded tokeni
 
 
 def load_tokenizer(vocab: str | Path) -> Any:
-    """The ``BertTokenizer`` for ``--vocab``; ``DataError`` when it is missing or unusable."""
-    from bertforge.tokenization import BertTokenizer
+    """The tokenizer for ``--vocab`` (WordPiece or byte-level BPE); ``DataError`` when it is
+    missing or unusable."""
+    from bertforge.tokenization import load_tokenizer as load_any
 
     path = Path(vocab)
     if not path.exists():
         raise DataError(f"--vocab {path}: no such file; give a vocab.txt, a tokenizer.json or a "
-                        "model directory (make one with `bertforge vocab`)")
+                        "tokenizer/model directory (make one with `bertforge vocab`)")
     try:
-        tok = BertTokenizer.from_pretrained(path) if path.is_dir() else BertTokenizer.from_file(path)
+        return load_any(path)
     except UserError:
         raise
     except Exception as e:  # the tokenizers library raises plain exceptions for bad files
-        raise DataError(f"--vocab {path}: cannot be read as a WordPiece vocabulary ({e}); expected "
-                        "vocab.txt (one token per line) or a tokenizer.json") from e
-    return tok
+        raise DataError(f"--vocab {path}: cannot be read as a vocabulary ({e}); expected "
+                        "vocab.txt (one token per line), a tokenizer.json, or a directory with "
+                        "vocab.json + merges.txt") from e
 
 
 def shard_name(split: str, index: int, fmt: str) -> str:

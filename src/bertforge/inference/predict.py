@@ -16,28 +16,29 @@ from typing import Sequence
 
 from bertforge.config import FinetuneConfig, load_config
 from bertforge.errors import ConfigError
-from bertforge.models import BertConfig
+from bertforge.models.auto import load_config as load_model_config
 
 
 def task_overrides(model: Path) -> list[str]:
     """Config overrides that select the task a model was fine-tuned for."""
     if not (model / "config.json").is_file():
         raise ConfigError(f"--model {model} is not a model directory (no config.json)")
-    task = BertConfig.load(model).finetuning_task
+    task = load_model_config(model).finetuning_task
     if task in ("squad", "squad_v2"):
         return ["--task=squad"]
     if task and task.startswith("glue/"):
         return ["--task=glue", f"--data.task_name={task.split('/', 1)[1]}"]
-    if task in ("classification", "swag", "token-classification"):
+    if task in ("classification", "swag", "token-classification", "summarization"):
         return [f"--task={task}"]
     raise ConfigError(f"{model}/config.json does not say which task the model was fine-tuned "
                       f"for (finetuning_task={task!r}); fine-tune it with `bertforge finetune`, "
-                      "or pass --task=squad|glue|classification|swag|token-classification")
+                      "or pass --task=squad|glue|classification|swag|token-classification|"
+                      "summarization")
 
 
 def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str] = ()) -> Path:
     """Predictions for ``data`` written atomically to ``output`` (SQuAD: id -> answer JSON;
-    other tasks: JSON Lines with id and label/tags)."""
+    other tasks: JSON Lines with id and label/tags/summary)."""
     from bertforge.tasks.finetune import build_task
     from bertforge.train.run import distributed_run
 

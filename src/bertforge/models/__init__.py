@@ -1,5 +1,8 @@
-"""BERT model family: config, presets, encoder, task heads, Hugging Face checkpoint interop."""
+"""Model families (BERT, BART): configs, presets, modules, task heads, Hugging Face interop."""
 
+from bertforge.models.bart import (BartForConditionalGeneration, BartForSequenceClassification,
+                                   BartModel, BartPreTrainedModel)
+from bertforge.models.bart_config import BART_PRESETS, BartConfig
 from bertforge.models.bert import BertModel, BertModelOutput
 from bertforge.models.config import BertConfig
 from bertforge.models.heads import (
@@ -20,6 +23,12 @@ from bertforge.models.hub import LoadReport, PreTrainedModel, read_weights
 from bertforge.models.presets import PRESETS, get_preset, preset_names
 
 __all__ = [
+    "BART_PRESETS",
+    "BartConfig",
+    "BartForConditionalGeneration",
+    "BartForSequenceClassification",
+    "BartModel",
+    "BartPreTrainedModel",
     "MODEL_CLASSES",
     "PRESETS",
     "BertConfig",

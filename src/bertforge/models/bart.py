@@ -20,7 +20,8 @@ Attention runs through ``scaled_dot_product_attention``. Generation uses ``encod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -445,6 +446,19 @@ class BartForConditionalGeneration(BartPreTrainedModel):
         # A buffer, as in transformers: saved and loaded, never trained (zero unless a
         # checkpoint says otherwise).
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        self.generation_config: Any = None
+        """``bertforge.generation.GenerationConfig`` saved with the model (generation_config.json)
+        and used by every command unless overridden; None when the model has none."""
+
+    def load_extras(self, directory: Path) -> None:
+        from bertforge.generation import GENERATION_CONFIG_NAME, GenerationConfig
+
+        if (directory / GENERATION_CONFIG_NAME).is_file():
+            self.generation_config = GenerationConfig.load(directory)
+
+    def save_extras(self, directory: Path) -> None:
+        if self.generation_config is not None:
+            self.generation_config.save(directory)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) decoder states -> (..., vocab_size) scores."""

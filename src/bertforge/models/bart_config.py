@@ -29,6 +29,9 @@ BART_PRESETS: dict[str, dict[str, Any]] = {
     # facebook/bart-base and facebook/bart-large: GPT-2 byte-level BPE, 50265 tokens, 1024 positions.
     "bart-base": _shape(6, 768, 12, 3072),
     "bart-large": _shape(12, 1024, 16, 4096),
+    # NVIDIA's BART recipes train the Pre-LN layout (LayerNorm at each branch input).
+    "bart-base-preln": {**_shape(6, 768, 12, 3072), "normalize_before": True},
+    "bart-large-preln": {**_shape(12, 1024, 16, 4096), "normalize_before": True},
     # A CPU-sized model for tests, the demo and debug recipes.
     "bart-tiny": {**_shape(2, 128, 2, 512), "max_position_embeddings": 512},
 }
@@ -166,6 +169,12 @@ class BartConfig(ModelConfig):
         final_norms = 4 * d if self.normalize_before else 0
         embeddings = v * d + 2 * (p * d + 2 * d)  # shared tokens; positions + LN per stack
         return embeddings + self.encoder_layers * enc + self.decoder_layers * dec + final_norms
+
+    def shape_summary(self) -> str:
+        """The fields that decide the model's size, for messages."""
+        return (f"d_model={self.d_model}, encoder_layers={self.encoder_layers}, "
+                f"decoder_layers={self.decoder_layers}, encoder_ffn_dim={self.encoder_ffn_dim}, "
+                f"vocab_size={self.vocab_size}")
 
     # ------------------------------------------------------------------ transformers interop
     def json_model_type(self) -> str:

@@ -138,6 +138,11 @@ class BertConfig(ModelConfig):
         heads = (h * h + h) + (h * h + 3 * h + self.padded_vocab_size) + (2 * h + 2)
         return embeddings + layers * layer + heads  # heads: pooler, MLM transform + bias, NSP
 
+    def shape_summary(self) -> str:
+        """The fields that decide the model's size, for messages."""
+        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"num_hidden_layers={self.num_hidden_layers}, vocab_size={self.vocab_size}")
+
     @property
     def head_dim(self) -> int:
         """Width of one attention head."""

@@ -241,7 +241,15 @@ class PreTrainedModel(nn.Module):
         model = cls(config)
         weights, source = read_weights(path)
         model.load_hf_state_dict(weights, source=source, ignore_mismatched_heads=ignore_mismatched_heads)
+        model.load_extras(path)
         return model.eval()
+
+    def load_extras(self, directory: Path) -> None:
+        """Family hook: read files besides config.json and the weights (e.g. generation
+        settings) from a model directory."""
+
+    def save_extras(self, directory: Path) -> None:
+        """Family hook: write files besides config.json and the weights into ``directory``."""
 
     def save_pretrained(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
         """Write config.json and model.safetensors (each atomically) readable by transformers.
@@ -267,6 +275,7 @@ class PreTrainedModel(nn.Module):
         atomic_write(directory / "model.safetensors",
                      lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
         config.to_json_file(directory / "config.json")
+        self.save_extras(directory)
         if tokenizer is not None:
             tokenizer.save(directory)
         return directory

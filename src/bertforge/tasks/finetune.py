@@ -30,8 +30,9 @@ from bertforge.config import FinetuneConfig, save_config
 from bertforge.data.loader import PretrainingLoader
 from bertforge.errors import ConfigError, DataError
 from bertforge.io import write_json_atomic, write_text_atomic
-from bertforge.models import BertConfig, BertPreTrainedModel
-from bertforge.tokenization import BertTokenizer
+from bertforge.models.auto import config_class, load_config
+from bertforge.models.hub import PreTrainedModel
+from bertforge.tokenization import load_tokenizer
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import batch_train_flops
 from bertforge.train.guards import check_model_fits, explain_oom, refuse_nonfinite
@@ -130,25 +131,26 @@ def predict(model: nn.Module, features: FeatureSet, batch_size: int, info: DistI
     return {k: np.concatenate([part[k] for part in gathered if k in part]) for k in keys}
 
 
-def read_tokenizer(model: str | Path) -> BertTokenizer:
-    path = Path(model)
+def read_tokenizer(model: str | Path) -> Any:
+    """The tokenizer saved in the model directory (WordPiece for BERT, byte-level BPE for BART)."""
     try:
-        return BertTokenizer.from_pretrained(path)
+        return load_tokenizer(Path(model))
     except DataError as exc:
         raise ConfigError(f"model={model}: {exc}; fine-tuning needs the model's tokenizer files "
-                          "(vocab.txt or tokenizer.json) in its directory") from None
+                          "(vocab.txt, tokenizer.json or vocab.json + merges.txt) in its "
+                          "directory") from None
 
 
-def load_model(cls: type[BertPreTrainedModel], source: Path, seed: int, device: torch.device,
-               resumed: bool, **overrides: Any) -> BertPreTrainedModel:
+def load_model(cls: type[PreTrainedModel], source: Path, seed: int, device: torch.device,
+               resumed: bool, **overrides: Any) -> PreTrainedModel:
     """``cls`` with ``source``'s weights; heads the checkpoint lacks (or has in another shape,
     e.g. another label count) start fresh from ``seed`` and are reported."""
     if not (source / "config.json").is_file():
         raise ConfigError(f"model={source} is not a model directory (no config.json); give a "
-                          "Hugging Face BERT directory or a bertforge checkpoint")
+                          "Hugging Face model directory or a bertforge checkpoint")
     if not resumed:  # a resume was verified whole by resolve_resume
         verify_model_files(source)
-    config = BertConfig.load(source).replace(**overrides)
+    config = cls.config_class.load(source).replace(**overrides)
     check_model_fits(config, device, str(source))
     with explain_oom(config, device, str(source)):
         torch.manual_seed(seed)  # the fresh heads' initial weights
@@ -162,7 +164,7 @@ def load_model(cls: type[BertPreTrainedModel], source: Path, seed: int, device: 
 def sequence_length(cfg: FinetuneConfig) -> int:
     """``data.max_seq_length``, else the task's default (384 for SQuAD, 128 otherwise) capped
     at the model's positions; an explicit value beyond them is an error, before data is read."""
-    positions = BertConfig.load(str(cfg.model)).max_position_embeddings
+    positions = load_config(str(cfg.model)).max_position_embeddings
     if cfg.data.max_seq_length is None:
         return min(cfg.max_seq_length, positions)
     if cfg.data.max_seq_length > positions:
@@ -208,13 +210,14 @@ class FinetuneTask(ABC):
     A subclass sets ``name`` and ``model_class`` and implements ``read`` (examples from the
     configured files), ``encode`` (examples -> ``FeatureSet``), ``loss``, ``outputs`` (what to
     keep of an evaluation forward), ``score`` (metrics of the kept outputs) and may override
-    ``model_overrides`` (label count and names) and ``write_predictions``.
+    ``model_overrides`` (label count and names) and ``write_predictions``; summarization
+    overrides ``evaluate`` (it generates).
     """
 
     name = "fine-tuning"
     init_key = "model"
     prediction_file = "predictions.jsonl"  # the main file write_predictions writes
-    model_class: type[BertPreTrainedModel]
+    model_class: type[PreTrainedModel]
 
     def __init__(self, cfg: FinetuneConfig, info: DistInfo, labelled: bool = True) -> None:
         # labelled=False: the validation file is new data to predict (``bertforge predict``).
@@ -240,9 +243,11 @@ class FinetuneTask(ABC):
     def encode(self, examples: list, training: bool) -> FeatureSet:
         """Model inputs (and, for training or scoring, targets) of ``examples``."""
 
-    @abstractmethod
     def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
-        """What evaluation keeps of a forward pass: (B, ...) tensors, sequences padded."""
+        """What evaluation keeps of a forward pass: (B, ...) tensors, sequences padded. Every
+        task that evaluates by forward passes implements it (summarization generates instead
+        and overrides ``evaluate``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement outputs()")
 
     @abstractmethod
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
@@ -325,10 +330,20 @@ class FinetuneTask(ABC):
 def build_task(cfg: FinetuneConfig, info: DistInfo, labelled: bool = True):
     """The task object for ``cfg.task`` (``labelled=False``: predict, do not score)."""
     if not cfg.model:
-        raise ConfigError("model is not set: give --model=DIR (a Hugging Face BERT directory or "
-                          "a bertforge checkpoint)")
+        raise ConfigError("model is not set: give --model=DIR (a Hugging Face BERT or BART "
+                          "directory, or a bertforge checkpoint)")
     if not Path(cfg.model).is_dir():
         raise ConfigError(f"model={cfg.model} does not exist or is not a directory")
+    from bertforge.models.bart_config import BartConfig
+
+    is_bart = config_class(cfg.model) is BartConfig
+    if is_bart != (cfg.task == "summarization"):
+        family, wanted = ("BART", "BERT") if is_bart else ("BERT", "BART")
+        raise ConfigError(f"model={cfg.model} is a {family} model but task {cfg.task} needs a "
+                          f"{wanted} model")
+    if cfg.task == "summarization":
+        from bertforge.tasks.summarize import SummarizationTask
+        return SummarizationTask(cfg, info, labelled)
     if cfg.task == "squad":
         from bertforge.tasks.squad import SquadTask
         return SquadTask(cfg, info, labelled)

@@ -2,6 +2,7 @@
 
 This file decides the model class (MLM + NSP, or MLM only when the data has no sentence pairs),
 where its weights come from, the loss, the data and validation; the runner does the rest.
+Denoising data (``--objective denoise``) goes to BART's task, ``bertforge.tasks.denoise``.
 """
 
 from __future__ import annotations
@@ -163,13 +164,36 @@ class PretrainTask:
         return lines
 
 
+def pretraining_task(cfg: PretrainConfig, info: DistInfo):
+    """BART denoising for data prepared with ``--objective denoise``, else BERT's MLM (+NSP)."""
+    from bertforge.data import native
+
+    path = Path(cfg.data.path) if cfg.data.path else None
+    objective = None
+    if path is not None and (path / native.MANIFEST_NAME).is_file():
+        objective = native.read_manifest(path, native_only=False).get("objective")
+    if objective == "denoise":
+        from bertforge.tasks.denoise import DenoiseTask
+
+        return DenoiseTask(cfg, info)
+    from bertforge.models.auto import config_class
+    from bertforge.models.bart_config import BartConfig
+
+    model = cfg.init_from or cfg.model
+    if config_class(model) is BartConfig:
+        raise ConfigError(f"model {model} is a BART model but the data at {cfg.data.path} is "
+                          f"not denoising data; prepare it with `bertforge prepare --objective "
+                          "denoise` (and a BPE vocabulary), or choose a BERT model")
+    return PretrainTask(cfg, info)
+
+
 def pretrain(cfg: PretrainConfig) -> RunResult:
-    """Run pretraining as ``cfg`` says; see docs/pretraining.md."""
+    """Run pretraining as ``cfg`` says; see docs/pretraining.md and docs/bart.md."""
     with distributed_run(cfg, "pretrain") as info:
-        return run_task(PretrainTask(cfg, info), cfg, info)
+        return run_task(pretraining_task(cfg, info), cfg, info)
 
 
 def benchmark_pretraining(cfg: PretrainConfig) -> dict:
     """``bertforge pretrain --benchmark``: the benchmark.json report."""
     with distributed_run(cfg, "pretrain") as info:
-        return benchmark_task(PretrainTask(cfg, info), cfg, info)
+        return benchmark_task(pretraining_task(cfg, info), cfg, info)

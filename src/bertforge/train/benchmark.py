@@ -73,7 +73,7 @@ def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, t
                    else f"CPU ({platform.processor() or platform.machine()}, "
                         f"{torch.get_num_threads()} threads)"),
         "world_size": info.world_size, "torch": torch.__version__, "model": cfg.model,
-        "layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size,
+        "model_shape": model.config.shape_summary(),
         "precision": precision.name, "global_batch_size": cfg.train.global_batch_size,
         "micro_batch_size": cfg.train.micro_batch_size,
         "accumulation": loop_cfg.accumulation, "warmup_steps": warmup, "timed_steps": steps,

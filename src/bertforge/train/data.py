@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from bertforge.config import PretrainConfig
 from bertforge.data import native
@@ -27,11 +27,12 @@ class PretrainData:
     train: PretrainingLoader
     validation: PretrainingLoader | None
     has_pairs: bool
+    objective: str                  # the manifest's objective ("nsp" for hdf5 data)
     vocab_size: int | None          # None for NVIDIA/Google hdf5 (no manifest): the model's own
     do_lower_case: bool | None
     pad_id: int | None
     max_seq_length: int | None
-    tokenizer: Any                  # BertTokenizer saved with checkpoints, or None
+    tokenizer: Any                  # the tokenizer saved with checkpoints, or None
 
     @property
     def vocab_tokens(self) -> tuple[str, ...] | None:
@@ -61,7 +62,13 @@ def _loader_kwargs(cfg: PretrainConfig, info: DistInfo) -> dict[str, Any]:
     return kw
 
 
-def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
+MakeBatch = Callable[[Any, Any], Any]  # (dataset, tokenizer) -> PretrainingLoader make_batch
+
+
+def open_pretrain_data(cfg: PretrainConfig, info: DistInfo,
+                       make_batch: MakeBatch | None = None) -> PretrainData:
+    """The training (and validation) streams of ``cfg.data.path``; batches are BERT's masked
+    ones unless ``make_batch`` builds another kind from a split's dataset and the tokenizer."""
     if not cfg.data.path:
         raise ConfigError("data.path is not set: give --data.path=DIR (a `bertforge prepare` "
                           "output or NVIDIA/Google hdf5 shards)")
@@ -78,14 +85,15 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
     tokenizer = None
     kw = _loader_kwargs(cfg, info)
     if "tokenizer" in manifest:
-        from bertforge.tokenization import BertTokenizer
-        tokenizer = BertTokenizer.from_pretrained(path / manifest["tokenizer"])
+        from bertforge.tokenization import load_tokenizer
+        tokenizer = load_tokenizer(path / manifest["tokenizer"])
         kw["is_continuation"] = tokenizer.is_continuation  # used only by whole-word masking
     dataset, defaults = open_pretraining_dataset(path, split="train", overrides=kw)
     # get_static first: hdf5's `lengths` is lazy and decompresses every shard.
     if hasattr(dataset, "get_static") or not hasattr(dataset, "lengths"):
         kw["bin_by_length"] = False  # static hdf5 shards are read in file order; no bins
-    train = PretrainingLoader(dataset, **{**defaults, **kw,
+    maker = {} if make_batch is None else {"make_batch": make_batch(dataset, tokenizer)}
+    train = PretrainingLoader(dataset, **{**defaults, **kw, **maker,
                                           "global_batch_size": cfg.train.global_batch_size,
                                           "num_workers": cfg.data.num_workers})
     validation = None
@@ -95,8 +103,9 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
         # held-out split is small.
         micro = min(cfg.train.micro_batch_size, len(val_set) // info.world_size)
         if micro >= 1:
+            maker = {} if make_batch is None else {"make_batch": make_batch(val_set, tokenizer)}
             validation = PretrainingLoader(val_set, **{
-                **defaults, **kw, "micro_batch_size": micro,
+                **defaults, **kw, **maker, "micro_batch_size": micro,
                 "global_batch_size": micro * info.world_size, "num_workers": 0,
                 "bin_by_length": False})
         else:
@@ -105,6 +114,7 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo) -> PretrainData:
     return PretrainData(
         train=train, validation=validation,
         has_pairs=manifest.get("objective", "nsp") in ("nsp", "sop"),
+        objective=manifest.get("objective", "nsp"),
         vocab_size=manifest.get("vocab_size"), do_lower_case=manifest.get("do_lower_case"),
         pad_id=manifest.get("special_ids", {}).get("pad"),
         max_seq_length=manifest.get("max_seq_length"), tokenizer=tokenizer)

@@ -8,6 +8,13 @@ A matmul of (m x k) by (k x n) costs 2mkn FLOPs. Per sequence of S tokens, forwa
                        when the model computes logits there; P = S otherwise).
 Training = 3 x forward (backward costs two matmuls per forward matmul). Embedding lookups,
 layer norms, softmax and activations are not counted, as is usual for MFU.
+
+Encoder-decoder (BART), per pair of an S-token source and a T-token target, forward:
+  encoder, per layer: 8SD^2 + 4SDF_enc + 4S^2D, as above;
+  decoder, per layer: self-attention 8TD^2 + 4T^2D (the causal half that a kernel may skip is
+                       counted, as is usual), cross-attention 4TD^2 (Q and output projections)
+                       + 4SD^2 (K and V of the encoder output) + 4TSD, feed-forward 4TDF_dec;
+  LM head at the P scored target positions: 2PDV.
 """
 
 from __future__ import annotations
@@ -47,6 +54,22 @@ def batch_train_flops(config, attention_mask: torch.Tensor,
                                 intermediate=config.intermediate_size,
                                 vocab=config.padded_vocab_size, seq_len=s, predictions=p, nsp=nsp)
                for s, p in zip(lengths, preds))
+
+
+def seq2seq_train_flops(config, source_lengths: torch.Tensor,
+                        target_lengths: torch.Tensor) -> float:
+    """Training FLOPs of a micro-batch of encoder-decoder pairs: real source and target lengths
+    per row (CPU tensors, no device sync), every target token scored."""
+    d, v = config.d_model, config.vocab_size
+    total = 0.0
+    for s, t in zip(source_lengths.tolist(), target_lengths.tolist()):
+        encoder = config.encoder_layers * (8 * s * d * d + 4 * s * d * config.encoder_ffn_dim
+                                           + 4 * s * s * d)
+        decoder = config.decoder_layers * (8 * t * d * d + 4 * t * t * d + 4 * t * d * d
+                                           + 4 * s * d * d + 4 * t * s * d
+                                           + 4 * t * d * config.decoder_ffn_dim)
+        total += 3.0 * (encoder + decoder + 2 * t * d * v)
+    return total
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:

@@ -114,8 +114,7 @@ def device_memory_bytes(device: torch.device) -> int | None:
 
 
 def _shape(config) -> str:
-    return (f"hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
-            f"num_hidden_layers={config.num_hidden_layers}, vocab_size={config.vocab_size}")
+    return config.shape_summary()
 
 
 def check_model_fits(config, device: torch.device, model: str) -> None:

@@ -1,0 +1,128 @@
+"""Text generation with a BART model: the settings in force, batched decoding, ``bertforge generate``.
+
+Generation settings come from the model's ``generation_config.json`` (saved by ``bertforge
+finetune`` and ``pretrain``) with the caller's overrides on top. A model without one and a call
+without a length limit is an error rather than transformers' silent limit of 20 tokens, the
+usual reason for truncated summaries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Sequence
+
+import numpy as np
+import torch
+
+from bertforge.errors import ConfigError
+from bertforge.generation import GenerationConfig, generate
+
+log = logging.getLogger(__name__)
+
+
+def generation_settings(model: Any, overrides: dict[str, Any], *, source: str,
+                        default_max_length: int | None = None) -> GenerationConfig:
+    """The settings ``model`` generates with: its saved generation config, else one built from
+    its config with ``default_max_length``; then ``overrides``. ConfigError when no length limit
+    is known."""
+    base = getattr(model, "generation_config", None)
+    if base is None:
+        limit = overrides.get("max_length", default_max_length)
+        if limit is None and overrides.get("max_new_tokens") is None:
+            raise ConfigError(
+                f"{source} has no generation_config.json and no maximum length was given: pass "
+                "one (e.g. --max-length 142); bertforge does not fall back to a silent limit")
+        base = GenerationConfig.from_model_config(model.config, max_length=limit)
+    return base.replace(**overrides) if overrides else base
+
+
+def _pad(rows: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):  # a loop over sequences, not tokens
+        ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+@torch.no_grad()
+def generate_texts(model: Any, tokenizer: Any, sources: Sequence[np.ndarray],
+                   config: GenerationConfig, *, batch_size: int, device: torch.device,
+                   autocast: Callable[[], ContextManager] = nullcontext,
+                   progress: bool = False) -> list[str]:
+    """Decoded outputs (special tokens removed) of encoded ``sources``, in their order.
+
+    Sources are batched by length (longest first, so memory peaks at once and padding stays
+    small); the model is put in eval mode and restored afterwards.
+    """
+    from tqdm.auto import tqdm
+
+    was_training = model.training
+    model.eval()
+    order = np.argsort([-len(s) for s in sources], kind="stable")
+    outputs: list[str] = [""] * len(sources)
+    bar = tqdm(total=len(sources), desc="generate", unit="text", disable=not progress)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        ids, mask = _pad([sources[i] for i in chunk], config.pad_token_id
+                         if config.pad_token_id is not None else model.config.pad_token_id)
+        with autocast():
+            sequences = generate(model, ids.to(device), mask.to(device), config)
+        texts = tokenizer.decode_batch(sequences.tolist(), skip_special_tokens=True)
+        for i, text in zip(chunk, texts):
+            outputs[int(i)] = text.strip()
+        bar.update(len(chunk))
+    bar.close()
+    model.train(was_training)
+    return outputs
+
+
+def generate_file(model_dir: Path, input_path: Path, output: Path, *,
+                  overrides: dict[str, Any], batch_size: int = 8, device: str = "auto",
+                  text_field: str | None = None, max_source_length: int | None = None) -> Path:
+    """``bertforge generate``: summaries (or any outputs) of the texts in ``input_path`` written
+    atomically as JSON Lines ``{"id", "summary"}`` to ``output``.
+
+    ``input_path``: JSON Lines / CSV / TSV with a text column (detected, or ``text_field``), a
+    CNN/DailyMail story directory, or a plain .txt file with one text per line.
+    """
+    from bertforge.data.finetuning.summarization import read_summarization
+    from bertforge.io import write_text_atomic
+    from bertforge.models.bart import BartForConditionalGeneration
+    from bertforge.tokenization import load_tokenizer
+    from bertforge.train.precision import build_precision
+
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(f"--model {model_dir} is not a model directory (no config.json)")
+    if not input_path.exists():
+        raise ConfigError(f"--input {input_path} does not exist")
+    tokenizer = load_tokenizer(model_dir)
+    if input_path.suffix == ".txt":
+        lines = input_path.read_text(encoding="utf-8").splitlines()
+        ids, texts = [str(i) for i in range(len(lines))], lines
+        if not any(t.strip() for t in texts):
+            raise ConfigError(f"--input {input_path} has no text")
+    else:
+        examples = read_summarization(input_path, article_field=text_field,
+                                      require_summaries=False)
+        ids, texts = [e.id for e in examples], [e.article for e in examples]
+    target = torch.device(device if device != "auto" else
+                          ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = BartForConditionalGeneration.from_pretrained(model_dir).to(target)
+    config = generation_settings(model, overrides, source=str(model_dir))
+    limit = min(max_source_length or model.config.max_position_embeddings,
+                model.config.max_position_embeddings)
+    sources = [np.asarray(s, dtype=np.int64) for s in tokenizer.encode_truncated(texts, limit)]
+    precision = build_precision("auto", target)
+    summaries = generate_texts(model, tokenizer, sources, config, batch_size=batch_size,
+                               device=target, autocast=precision.autocast, progress=True)
+    rows = [json.dumps({"id": i, "summary": s}, ensure_ascii=False) for i, s in zip(ids, summaries)]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(output, "".join(r + "\n" for r in rows))
+    return output
+
+
+__all__ = ["generate_file", "generate_texts", "generation_settings"]
