@@ -199,7 +199,7 @@ def _plan(args: argparse.Namespace, extra: list) -> int:
 def _demo(args: argparse.Namespace, extra: list) -> int:
     from bertforge.demo import run_demo
 
-    run_demo(Path(args.workdir), steps=args.steps)
+    run_demo(Path(args.workdir), steps=args.steps, bart_steps=args.bart_steps)
     return 0
 
 
@@ -369,7 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", _demo, "Run the end-to-end demo on the bundled sample corpus.")
     p.add_argument("--workdir", default="build/demo", help="Where the demo writes its files.")
-    p.add_argument("--steps", type=_positive_int, default=300, help="Pretraining steps.")
+    p.add_argument("--steps", type=_positive_int, default=300, help="BERT pretraining steps.")
+    p.add_argument("--bart-steps", type=_positive_int, default=300,
+                   help="BART denoising pretraining steps.")
     return parser
 
 

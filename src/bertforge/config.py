@@ -62,12 +62,18 @@ class NoiseConfig:
     delete: float = opt(0.0, "Fraction of tokens deleted (token deletion).", run_defining=True)
 
     def __post_init__(self) -> None:
-        from bertforge.data.noising import NoiseSpec, check_noise_spec
+        from bertforge.data.noising import check_noise_spec
 
         try:
-            check_noise_spec(NoiseSpec(**dataclasses.asdict(self)))
+            check_noise_spec(self.spec())
         except ValueError as exc:
             raise ConfigError(f"data.noise: {exc}") from None
+
+    def spec(self) -> Any:
+        """These settings as the ``bertforge.data.noising.NoiseSpec`` the noising functions take."""
+        from bertforge.data.noising import NoiseSpec
+
+        return NoiseSpec(**dataclasses.asdict(self))
 
 
 @dataclass

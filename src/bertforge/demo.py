@@ -3,7 +3,10 @@
 corpus (Python standard-library docstrings) -> WordPiece vocab -> prepared shards -> a tiny BERT
 pretrained with LAMB -> checkpoint reloaded by bertforge (and by Hugging Face transformers when
 installed) -> masked-word predictions -> SQuAD-style fine-tuning on questions built from the
-same library's docstrings, scored with exact match and F1. Each stage is the same public function the CLI calls.
+same library's docstrings, scored with exact match and F1 -> the same corpus as BART denoising
+data (byte-level BPE, sentence boundaries) -> a tiny BART pretrained by denoising -> a held-out
+document noised and reconstructed by beam search. Each stage is the same public function the CLI
+calls.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def predict_masked(model, tokenizer, sentence: str, top_k: int = 5) -> list[str]
     return tokenizer.convert_ids_to_tokens(best)
 
 
-def run_demo(workdir: Path, steps: int = 300) -> dict:
+def run_demo(workdir: Path, steps: int = 300, bart_steps: int = 300) -> dict:
     from bertforge.config import PretrainConfig, load_config
     from bertforge.data.prepare import prepare
     from bertforge.models import BertForPreTraining
@@ -89,6 +92,10 @@ def run_demo(workdir: Path, steps: int = 300) -> dict:
     print(f"exact match {qa['exact_match']:.1f}, F1 {qa['f1']:.1f} on {qa['questions']} held-out "
           "questions")
 
+    _stage(f"7. BART: byte-level BPE, denoising data, a tiny BART pretrained on the CPU "
+           f"({bart_steps} AdamW steps), and a noised document reconstructed by beam search")
+    bart = _bart(workdir, corpus, bart_steps)
+
     _stage("summary")
     summary = {
         "corpus_mb": round(corpus.stat().st_size / 1e6, 2), "vocab": str(vocab),
@@ -97,6 +104,8 @@ def run_demo(workdir: Path, steps: int = 300) -> dict:
         "validation": ", ".join(f"{k} {v:.4f}" for k, v in result.validation.items()) or "none",
         "transformers": hf_status,
         "qa": f"exact match {qa['exact_match']:.1f}, F1 {qa['f1']:.1f}",
+        "bart": f"loss {bart['loss_first']:.3f} -> {bart['loss_last']:.3f}, validation loss "
+                f"{bart['val_loss']:.3f}; {bart['transformers']}",
         "minutes": round((time.perf_counter() - t0) / 60, 1),
     }
     for key, value in summary.items():
@@ -119,6 +128,63 @@ def _finetune_qa(workdir: Path, checkpoint: Path) -> dict:
         "--data.max_seq_length=64", "--data.doc_stride=32", "--data.max_query_length=16",
         "--train.epochs=3", "--optim.lr=3e-4"])
     return {**finetune(cfg).validation, "questions": n_dev}
+
+
+def _bart(workdir: Path, corpus: Path, steps: int) -> dict:
+    """BPE vocab, denoising data, a tiny BART pretrained by denoising, and one reconstruction."""
+    from bertforge.config import PretrainConfig, load_config
+    from bertforge.data.native import NativeDataset
+    from bertforge.data.prepare import prepare
+    from bertforge.generation import GenerationConfig, generate
+    from bertforge.models.bart import BartForConditionalGeneration
+    from bertforge.tasks.denoise import DenoisingBatchMaker, noise_vocab
+    from bertforge.tasks.pretrain import pretrain
+    from bertforge.tokenization import load_tokenizer
+    from bertforge.vocab import train_bpe
+
+    root = workdir / "bart"
+    print(train_bpe([str(corpus)], vocab_size=4000, output=root / "bpe").summary())
+    data = root / "data"
+    print(prepare([str(corpus)], vocab=root / "bpe", output=data, objective="denoise",
+                  max_seq_length=128, validation_fraction=0.05, workers=2, seed=1).summary())
+    cfg = load_config(PretrainConfig, resolve_recipe("debug/bart-tiny-cpu"), [
+        f"--data.path={data}", f"--output_dir={root / 'run'}", f"--train.max_steps={steps}",
+        "--resume=none"])
+    result = pretrain(cfg)
+    ckpt = result.final_checkpoint
+    model = BartForConditionalGeneration.from_pretrained(ckpt)
+    tok = load_tokenizer(ckpt)
+    # A held-out document, noised as in training (the data's validation split, seed 1).
+    held_out = NativeDataset(data, "validation")
+    noise = DenoisingBatchMaker(held_out, seed=1, spec=cfg.data.noise.spec(),
+                                vocab=noise_vocab(tok), pad_id=tok.pad_id,
+                                max_source_length=128)
+    source, target = noise.pair(0, epoch=0)
+    ids = torch.from_numpy(source)[None]
+    settings = GenerationConfig.from_model_config(model.config, num_beams=4,
+                                                  max_length=len(target) + 8)
+    out = generate(model, ids, torch.ones_like(ids), settings)
+    print("original      " + tok.decode(target.tolist()))
+    print("noised input  " + tok.decode(source.tolist(), skip_special_tokens=False))
+    print("reconstructed " + tok.decode(out[0].tolist()))
+    losses = [r["loss"] for r in result.history]
+    return {"loss_first": losses[0], "loss_last": losses[-1],
+            "val_loss": result.validation.get("val_loss", float("nan")),
+            "transformers": _check_transformers_bart(ckpt, model, ids, out)}
+
+
+def _check_transformers_bart(ckpt: Path, model, ids: torch.Tensor, decoded: torch.Tensor) -> str:
+    """Load the BART checkpoint with transformers (a Pre-LN BART is an mBART there)."""
+    try:
+        import transformers
+    except ImportError:
+        return "transformers not installed: skipped loading the checkpoint there"
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(ckpt)).eval()
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, decoder_input_ids=decoded).logits
+        ours = model(ids, None, decoded).logits
+    return (f"transformers loaded it as {type(hf).__name__}: max |logit difference| = "
+            f"{(ours - theirs).abs().max().item():.2e}")
 
 
 def _check_transformers(ckpt: Path, model, tokenizer) -> str:

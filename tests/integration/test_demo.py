@@ -8,7 +8,7 @@ from bertforge.demo import run_demo
 
 
 def test_demo_runs_every_stage(tmp_path: Path) -> None:
-    summary = run_demo(tmp_path, steps=20)  # two metrics lines (log_every 10)
+    summary = run_demo(tmp_path, steps=20, bart_steps=20)  # two metrics lines each (log_every 10)
     assert summary["steps"] == 20
     assert 0.1 < summary["corpus_mb"] < 5          # "a few MB at most"
     assert Path(summary["checkpoint"], "model.safetensors").is_file()
@@ -19,6 +19,11 @@ def test_demo_runs_every_stage(tmp_path: Path) -> None:
     assert summary["loss_last"] < summary["loss_first"]
     assert summary["qa"].startswith("exact match ")  # the fine-tuning stage ran and was scored
     assert (tmp_path / "qa-run" / "eval_results.json").is_file()
+    bart = summary["bart"]  # "loss A -> B, validation loss C; transformers loaded it as ...: ... = D"
+    first, last = (float(x) for x in bart.split(",")[0].removeprefix("loss ").split(" -> "))
+    assert last < first
+    assert "MBartForConditionalGeneration" in bart and float(bart.rsplit("=", 1)[1]) < 1e-4
+    assert (tmp_path / "bart" / "run" / "checkpoint-20" / "vocab.json").is_file()
 
 
 def test_sample_qa_is_squad_with_answers_at_their_offsets(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ def test_presets_have_the_published_shapes():
     assert (base.encoder_layers, base.decoder_layers, base.d_model, base.encoder_ffn_dim) == (6, 6, 768, 3072)
     assert (large.encoder_layers, large.decoder_layers, large.d_model) == (12, 12, 1024)
     assert base.vocab_size == 50265 and base.max_position_embeddings == 1024
+    assert not base.normalize_before and BartConfig.from_preset("bart-base-preln").normalize_before
     # bart-base has about 139M parameters, bart-large about 406M (the BART paper's sizes).
     assert 138e6 < base.num_parameters() < 141e6
     assert 405e6 < large.num_parameters() < 408e6
@@ -142,7 +143,7 @@ def test_classifier_needs_an_eos_in_every_row():
 
 def test_loading_across_classes_and_layouts(tmp_path, caplog):
     torch.manual_seed(0)
-    bare = BartModel(tiny())
+    bare = BartModel(tiny(normalize_before=False))
     bare.save_pretrained(tmp_path / "bare")
     # A bare model's file into the LM class: the bias buffer is the only (head) part it lacks.
     lm = BartForConditionalGeneration.from_pretrained(tmp_path / "bare")
@@ -173,3 +174,20 @@ def test_saved_file_has_one_embedding_matrix(tmp_path):
     assert "model.shared.weight" in names and "final_logits_bias" in names
     assert not {"lm_head.weight", "model.encoder.embed_tokens.weight",
                 "model.decoder.embed_tokens.weight"} & names
+
+
+def test_flop_count_equals_torch_flop_counter():
+    """The documented encoder-decoder FLOP count (benchmark MFU) equals what torch's FLOP counter
+    measures for a forward pass (math attention, so the attention matmuls are visible), / 3."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bertforge.train.flops import seq2seq_train_flops
+
+    config = tiny(encoder_ffn_dim=256, decoder_ffn_dim=384, decoder_layers=3)
+    model = BartForConditionalGeneration(config).eval()
+    src, dec = torch.randint(5, 61, (2, 24)), torch.randint(5, 61, (2, 16))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(src, None, dec, target_positions=torch.ones(2, 16, dtype=torch.bool))
+    expected = seq2seq_train_flops(config, torch.tensor([24, 24]), torch.tensor([16, 16])) / 3
+    assert counter.get_total_flops() == expected

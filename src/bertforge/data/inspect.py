@@ -129,15 +129,15 @@ def _denoise_samples(ds: native.NativeDataset, split: str, tok: Any, picks: list
     """Original and noised text of ``picks`` (the loader's epoch-0 draws with ``seed`` and the
     default noise recipe), then noise statistics over up to ``STATISTICS_SAMPLES`` documents."""
     from bertforge.config import NoiseConfig
-    from bertforge.data.noising import NoiseSpec, noise_statistics
+    from bertforge.data.noising import noise_statistics
     from bertforge.tasks.denoise import DenoisingBatchMaker, noise_vocab
 
     if tok is None:
         return "(no tokenizer next to the data: cannot show denoising samples)"
     noise_cfg = NoiseConfig()
-    spec = NoiseSpec(**{k: getattr(noise_cfg, k) for k in NoiseSpec.__dataclass_fields__})
     vocab = noise_vocab(tok)
-    maker = DenoisingBatchMaker(ds, seed=seed, spec=spec, vocab=vocab, pad_id=tok.pad_id,
+    maker = DenoisingBatchMaker(ds, seed=seed, spec=noise_cfg.spec(), vocab=vocab,
+                                pad_id=tok.pad_id,
                                 max_source_length=1 << 30)
 
     def text(ids: np.ndarray) -> str:

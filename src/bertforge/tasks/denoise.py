@@ -169,8 +169,7 @@ class DenoiseTask:
 
     def __init__(self, cfg: PretrainConfig, info: DistInfo) -> None:
         self.cfg, self.info = cfg, info
-        spec = NoiseSpec(**{k: getattr(cfg.data.noise, k) for k in
-                            NoiseSpec.__dataclass_fields__})
+        spec = cfg.data.noise.spec()
 
         def make_batch(dataset: Any, tokenizer: Any) -> DenoisingBatchMaker:
             return DenoisingBatchMaker(dataset, seed=cfg.train.seed, spec=spec,

@@ -1,0 +1,275 @@
+"""BART train-step and generation throughput: bertforge against transformers' BART, one run.
+
+    python benchmarks/bart_bench.py                                 # CPU, 4+4 x 256 BART, batch 16
+    python benchmarks/bart_bench.py --rounds 2 --gen-texts 4        # a quick check
+    python benchmarks/bart_bench.py --device cuda --precision bf16 --preset bart-base --batch 64
+
+Both models hold the same weights (bertforge's ``save_pretrained`` -> transformers'
+``BartForConditionalGeneration.from_pretrained``, SDPA attention) and see the same inputs:
+
+* **train step**: real denoising batches (the stdlib docstring sample corpus, byte-level BPE,
+  ``prepare --objective denoise``, noised by bertforge's loader with the default recipe), one
+  ``train_step`` of bertforge's loop each (forward, loss, backward, clip, AdamW); bertforge's loss
+  is ``seq2seq_loss`` (vocabulary projection at the scored target positions only), transformers'
+  is its own forward with ``labels``. Before timing, both losses on one batch must agree (fp32,
+  dropout off).
+* **generation**: beam search (4 beams, length penalty 2.0, 20 to 60 tokens, no repeated
+  trigram, early stopping) on ``--gen-texts`` sources of the same batches, bertforge's
+  ``generate`` against transformers' ``generate``; the outputs must be token-identical (a
+  difference stops the run), so both did the same work.
+
+Variants run in interleaved rounds after a warm-up; the median over rounds is reported with
+min/max as the noise. Results: ``benchmarks/results/bart-<device>-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import metadata, result_path, run_cli, spread, write_result  # noqa: E402
+from bertforge.batch import IGNORE_INDEX, LossOutput  # noqa: E402
+
+GENERATION = dict(num_beams=4, length_penalty=2.0, min_length=20, max_length=60,
+                  no_repeat_ngram_size=3, early_stopping=True)
+
+
+def real_batches(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], object]:
+    """``args.num_batches`` noised denoising micro-batches of the sample corpus; the tokenizer."""
+    from bertforge.config import NoiseConfig
+    from bertforge.data.native import NativeDataset
+    from bertforge.data.prepare import prepare
+    from bertforge.sample import build_sample_corpus
+    from bertforge.tasks.denoise import DenoisingBatchMaker, noise_vocab
+    from bertforge.tokenization import load_tokenizer
+    from bertforge.vocab import train_bpe
+
+    corpus = build_sample_corpus(tmp / "corpus.txt")
+    train_bpe([corpus], vocab_size=args.vocab_size, output=tmp / "bpe", progress=False)
+    prepare([corpus], vocab=tmp / "bpe", output=tmp / "data", objective="denoise",
+            max_seq_length=args.seq, validation_fraction=0.0, workers=1, seed=args.seed,
+            progress=False)
+    tok = load_tokenizer(tmp / "bpe")
+    data = NativeDataset(tmp / "data", "train")
+    maker = DenoisingBatchMaker(data, seed=args.seed, spec=NoiseConfig().spec(),
+                                vocab=noise_vocab(tok),
+                                pad_id=tok.pad_id, max_source_length=args.seq + 16)
+    # Full-length documents, as a phase-1 batch would be after length binning.
+    longest = np.argsort(-data.lengths, kind="stable")[: args.batch * args.num_batches]
+    return [maker[(0, longest[i::args.num_batches])] for i in range(args.num_batches)], tok
+
+
+def build_models(args: argparse.Namespace, tok: object, tmp: Path):
+    import transformers
+
+    from bertforge.models.bart import BartConfig, BartForConditionalGeneration
+
+    ids = dict(vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
+               eos_token_id=tok.eos_id, decoder_start_token_id=tok.eos_id,
+               forced_bos_token_id=tok.bos_id, forced_eos_token_id=tok.eos_id)
+    if args.preset:
+        cfg = BartConfig.from_preset(args.preset, **ids)
+    else:
+        cfg = BartConfig(d_model=args.d_model, encoder_layers=args.layers,
+                         decoder_layers=args.layers, encoder_attention_heads=args.heads,
+                         decoder_attention_heads=args.heads, encoder_ffn_dim=4 * args.d_model,
+                         decoder_ffn_dim=4 * args.d_model, max_position_embeddings=512, **ids)
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(args.seed)
+    ours = BartForConditionalGeneration(cfg)
+    ours.save_pretrained(tmp / "model")
+    hf, info = transformers.BartForConditionalGeneration.from_pretrained(
+        str(tmp / "model"), attn_implementation="sdpa", output_loading_info=True)
+    if any(info.values()):
+        raise RuntimeError(f"transformers did not load every weight: {info}")
+    return ours, hf
+
+
+def hf_loss(model, batch: dict) -> LossOutput:
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                decoder_input_ids=batch["decoder_input_ids"], labels=batch["labels"])
+    return LossOutput(out.loss, {"loss": out.loss.detach()}, sequences=batch["labels"].shape[0],
+                      tokens=batch["attention_mask"].sum())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Trainer:
+    """One contestant's model, loss, AdamW and precision for bertforge's ``train_step``."""
+
+    def __init__(self, name: str, model, loss_fn, args: argparse.Namespace) -> None:
+        from bertforge.optim import build_optimizer, build_scheduler
+        from bertforge.train.precision import build_precision
+
+        self.name, self.model, self.loss_fn = name, model, loss_fn
+        self.optimizer = build_optimizer(model, "adamw", lr=1e-4, weight_decay=0.01,
+                                         max_grad_norm=1.0)
+        self.scheduler = build_scheduler(self.optimizer, "constant", total_steps=10**9, warmup=0.0)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.precision = build_precision(args.precision, next(model.parameters()).device)
+        self.seq_per_s: list[float] = []
+
+    def steps(self, batches: list[dict]) -> None:
+        from bertforge.train.loop import train_step
+
+        for batch in batches:
+            train_step(self.model, [batch], self.loss_fn, self.optimizer, self.scheduler,
+                       self.precision, self.params, 1.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu).")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--preset", help="A BART preset (bart-base, bart-large, ...); default: the "
+                                     "shape options below.")
+    ap.add_argument("--layers", type=int, default=4, help="Encoder and decoder layers each.")
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab-size", type=int, default=8000, help="BPE vocabulary trained on the sample.")
+    ap.add_argument("--batch", type=int, default=16, help="Documents per train step.")
+    ap.add_argument("--seq", type=int, default=128, help="Document length when preparing.")
+    ap.add_argument("--num-batches", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=2, help="Untimed train steps per model.")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps-per-round", type=int, default=2)
+    ap.add_argument("--gen-texts", type=int, default=8, help="Sources per generation round.")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output", help="Result JSON (default: results/bart-<device>-<date>.json).")
+    args = ap.parse_args()
+
+    from bertforge.errors import ConfigError
+    from bertforge.generation import GenerationConfig, generate
+    from bertforge.tasks.denoise import seq2seq_loss
+    from bertforge.train.loop import to_device
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible")
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    meta = metadata()
+    tmp = Path(tempfile.mkdtemp(prefix="bart-bench-"))
+    try:
+        batches, tok = real_batches(args, tmp)
+        ours, hf = build_models(args, tok, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    batches = [to_device(b, device) for b in batches]
+    ours, hf = ours.to(device), hf.to(device)
+    for m in (ours, hf):  # dropout off: the loss check and generation compare exact numbers
+        m.config.dropout = 0.0
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.0
+
+    with torch.no_grad():
+        ours.eval(), hf.eval()
+        a = float(seq2seq_loss(ours, batches[0]).loss)
+        b = float(hf_loss(hf, batches[0]).loss)
+    if abs(a - b) > 1e-4 * max(1.0, abs(b)):
+        raise RuntimeError(f"bertforge loss {a:.6f} != transformers loss {b:.6f}")
+
+    # --- generation (before training changes the weights; both still identical) -------------
+    gen_cfg = GenerationConfig.from_model_config(ours.config, **GENERATION)
+    first = batches[0]
+    src, mask = first["input_ids"][: args.gen_texts], first["attention_mask"][: args.gen_texts]
+    autocast = Trainer("probe", ours, None, args).precision.autocast
+    gen_times: dict[str, list[float]] = {"bertforge": [], "hf": []}
+    outputs: dict[str, torch.Tensor] = {}
+    for r in range(args.rounds + 1):
+        for name in ("bertforge", "hf"):
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.no_grad(), autocast():
+                if name == "bertforge":
+                    out = generate(ours, src, mask, gen_cfg)
+                else:
+                    out = hf.generate(input_ids=src, attention_mask=mask, **GENERATION,
+                                      forced_bos_token_id=tok.bos_id)
+            _sync(device)
+            if r:  # round 0 warms up
+                gen_times[name].append(len(src) / (time.perf_counter() - t0))
+            outputs[name] = out.cpu()
+    same = outputs["bertforge"].tolist() == outputs["hf"].tolist()
+    if not same and args.precision == "fp32":
+        raise RuntimeError("bertforge and transformers generated different tokens in fp32")
+    new_tokens = int((outputs["bertforge"][:, 1:] != tok.pad_id).sum())
+    print("generation: " + ", ".join(f"{k} {spread(v)['median']:.2f} texts/s"
+                                     for k, v in gen_times.items()), flush=True)
+
+    # --- train step -----------------------------------------------------------------------------
+    ours.train(), hf.train()
+    trainers = [Trainer("bertforge", ours, seq2seq_loss, args), Trainer("hf", hf, hf_loss, args)]
+    for t in trainers:
+        t.steps([batches[i % len(batches)] for i in range(args.warmup)])
+    spr = args.steps_per_round
+    for r in range(args.rounds):
+        picked = [batches[(r * spr + j) % len(batches)] for j in range(spr)]
+        seqs = sum(int(b["input_ids"].shape[0]) for b in picked)
+        for t in trainers:
+            _sync(device)
+            t0 = time.perf_counter()
+            t.steps(picked)
+            _sync(device)
+            t.seq_per_s.append(seqs / (time.perf_counter() - t0))
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{t.name} {t.seq_per_s[-1]:.1f} seq/s" for t in trainers), flush=True)
+
+    from bertforge.train.flops import seq2seq_train_flops
+
+    n_seqs = sum(b["input_ids"].shape[0] for b in batches)
+    flops = sum(seq2seq_train_flops(ours.config, b["attention_mask"].sum(1).cpu(),
+                                    b["labels"].ne(IGNORE_INDEX).sum(1).cpu())
+                for b in batches) / n_seqs
+    tokens = sum(float(b["attention_mask"].sum() + b["labels"].ne(IGNORE_INDEX).sum())
+                 for b in batches) / n_seqs
+    train = {}
+    for t in trainers:
+        s = spread(t.seq_per_s)
+        train[t.name] = {"seq_per_s": round(s["median"], 2), "seq_per_s_min": round(s["min"], 2),
+                         "seq_per_s_max": round(s["max"], 2), "noise_pct": round(s["noise_pct"], 1),
+                         "tokens_per_s": round(s["median"] * tokens),
+                         "model_tflops_per_s": round(s["median"] * flops / 1e12, 4)}
+    gen = {}
+    for name, values in gen_times.items():
+        s = spread(values)
+        gen[name] = {"texts_per_s": round(s["median"], 3), "texts_per_s_min": round(s["min"], 3),
+                     "texts_per_s_max": round(s["max"], 3), "noise_pct": round(s["noise_pct"], 1),
+                     "new_tokens_per_s": round(s["median"] * new_tokens / len(src), 1)}
+    result = {
+        **meta,
+        "benchmark": "bart",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": args.precision, "threads": args.threads,
+        "model": {"shape": ours.config.shape_summary(),
+                  "parameters": ours.config.num_parameters()},
+        "batch": args.batch, "seq": args.seq, "mean_tokens_per_pair": round(tokens, 1),
+        "loss_check": {"bertforge": a, "hf": b},
+        "train_step": {**train, "ratio_bertforge_over_hf": round(
+            train["bertforge"]["seq_per_s"] / train["hf"]["seq_per_s"], 3)},
+        "generation": {**gen, "settings": GENERATION, "texts": len(src),
+                       "identical_tokens": same, "ratio_bertforge_over_hf": round(
+                           gen["bertforge"]["texts_per_s"] / gen["hf"]["texts_per_s"], 3)},
+    }
+    print(f"train step: bertforge/hf = {result['train_step']['ratio_bertforge_over_hf']}x; "
+          f"generation: {result['generation']['ratio_bertforge_over_hf']}x "
+          f"(identical tokens: {same})")
+    write_result(result_path(f"bart-{device.type}", args.output), result)
+
+
+if __name__ == "__main__":
+    run_cli(main)
