@@ -28,8 +28,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processo
 from tokenizers.models import BPE
 
 from bertforge.errors import DataError
-from bertforge.io import atomic_write, write_json_atomic, write_text_atomic
-from bertforge.tokenization import _read_json, _tokenizer_json_tokens
+from bertforge.io import write_json_atomic, write_text_atomic
+from bertforge.tokenization import BackendTokenizer, _read_json, _tokenizer_json_tokens
 
 __all__ = ["BPE_SPECIAL_TOKENS", "BpeTokenizer", "bpe_hash", "parse_bpe_tokenizer_json",
            "read_bpe_directory", "read_bpe_tokenizer_json", "read_merges_txt", "read_vocab_json"]
@@ -156,7 +156,7 @@ def read_bpe_directory(directory: str | Path) -> tuple[list[str], list[Merge], b
     return None
 
 
-class BpeTokenizer:
+class BpeTokenizer(BackendTokenizer):
     """Byte-level BPE with BART's special tokens; a thin layer over ``tokenizers.Tokenizer``.
 
     ``is_word_start`` and ``is_continuation`` are (vocab_size,) bool arrays for whole-word
@@ -287,8 +287,7 @@ class BpeTokenizer:
         directory as a BART tokenizer with the same ids."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        atomic_write(directory / "tokenizer.json",
-                     lambda tmp: self.backend.save(str(tmp), pretty=True))
+        self.save_tokenizer_json(directory / "tokenizer.json")
         write_json_atomic(directory / "vocab.json",
                           {t: i for i, t in enumerate(self.vocab)},
                           sort_keys=False, ensure_ascii=False)
@@ -319,17 +318,6 @@ class BpeTokenizer:
 
     # -- encoding -------------------------------------------------------------------------------
 
-    def encode(self, text: str, pair: str | None = None) -> list[int]:
-        """Ids of ``<s> text </s>`` or ``<s> text </s></s> pair </s>``."""
-        return self.backend.encode(text, pair, add_special_tokens=True).ids
-
-    def encode_batch(
-        self, texts: Sequence[str], add_special_tokens: bool = False
-    ) -> list[list[int]]:
-        """Ids of many texts at once (parallel in Rust); no special tokens by default."""
-        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-        return [e.ids for e in encodings]
-
     def encode_truncated(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
         """``<s> text </s>`` ids of each text, cut to at most ``max_length`` ids (the end of a
         long text is dropped; the final ``</s>`` is kept)."""
@@ -339,26 +327,3 @@ class BpeTokenizer:
         keep = max_length - 2
         return [[self.bos_id, *ids[:keep], self.eos_id] for ids in self.encode_batch(texts)]
 
-    def tokenize(self, text: str) -> list[str]:
-        """Byte-level tokens of ``text`` ("Ġ" spells a space), without special tokens."""
-        return self.backend.encode(text, add_special_tokens=False).tokens
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text from ids; bytes that do not form valid UTF-8 become U+FFFD."""
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def decode_batch(
-        self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = True
-    ) -> list[str]:
-        """``decode`` of many id sequences at once (parallel in Rust)."""
-        return self.backend.decode_batch([list(s) for s in sequences],
-                                         skip_special_tokens=skip_special_tokens)
-
-    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-        """Vocabulary entry of each id (``IndexError`` for an id outside the vocabulary)."""
-        return [self.vocab[i] for i in ids]
-
-    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
-        """Id of each vocabulary entry; tokens not in the vocabulary map to ``unk_id``."""
-        ids = (self.backend.token_to_id(t) for t in tokens)
-        return [self.unk_id if i is None else i for i in ids]

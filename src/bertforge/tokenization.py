@@ -28,7 +28,7 @@ from bertforge.io import atomic_write, write_json_atomic, write_text_atomic
 if TYPE_CHECKING:
     from bertforge.bpe import BpeTokenizer
 
-__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "Window", "check_casing", "load_tokenizer",
+__all__ = ["BackendTokenizer", "BertTokenizer", "SPECIAL_TOKENS", "Window", "check_casing", "load_tokenizer",
            "read_vocab_tokens", "read_vocab_txt", "vocab_casing", "vocab_hash"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -189,7 +189,58 @@ def _wordpiece(vocab: dict[str, int] | None) -> WordPiece:
     return WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
 
 
-class BertTokenizer:
+class BackendTokenizer:
+    """What every bertforge tokenizer does through its ``tokenizers.Tokenizer`` (``backend``):
+    encoding, decoding and id/token lookups. ``BertTokenizer`` (WordPiece) and
+    ``bertforge.bpe.BpeTokenizer`` (byte-level BPE) add their pipelines and files."""
+
+    backend: Tokenizer
+    vocab: tuple[str, ...]
+    unk_id: int
+
+    def save_tokenizer_json(self, path: str | Path) -> None:
+        """Write the whole pipeline as a ``tokenizers`` JSON file, atomically."""
+        atomic_write(path, lambda tmp: self.backend.save(str(tmp), pretty=True))
+
+    def encode(self, text: str, pair: str | None = None) -> list[int]:
+        """Ids of ``text`` (and ``pair``) with the special tokens of the model's template."""
+        return self.backend.encode(text, pair, add_special_tokens=True).ids
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = False
+    ) -> list[list[int]]:
+        """Ids of many texts at once (parallel in Rust); no special tokens by default."""
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [e.ids for e in encodings]
+
+    def tokenize(self, text: str) -> list[str]:
+        """Tokens of ``text`` (WordPiece pieces, or byte-level ones where "Ġ" spells a space),
+        without special tokens."""
+        return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text from ids (WordPiece "##" pieces glued to their word; byte-level bytes that do not
+        form valid UTF-8 become U+FFFD)."""
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(
+        self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = True
+    ) -> list[str]:
+        """``decode`` of many id sequences at once (parallel in Rust)."""
+        return self.backend.decode_batch([list(s) for s in sequences],
+                                         skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        """Vocabulary entry of each id (``IndexError`` for an id outside the vocabulary)."""
+        return [self.vocab[i] for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+        """Id of each vocabulary entry; tokens not in the vocabulary map to ``unk_id``."""
+        ids = (self.backend.token_to_id(t) for t in tokens)
+        return [self.unk_id if i is None else i for i in ids]
+
+
+class BertTokenizer(BackendTokenizer):
     """WordPiece tokenizer with BERT's normalization; a thin layer over ``tokenizers.Tokenizer``."""
 
     def __init__(
@@ -312,22 +363,7 @@ class BertTokenizer:
         """Write vocab.txt (one token per line, in id order) atomically."""
         write_text_atomic(path, "\n".join(self.vocab) + "\n")
 
-    def save_tokenizer_json(self, path: str | Path) -> None:
-        """Write the whole pipeline as a ``tokenizers`` JSON file, atomically."""
-        atomic_write(path, lambda tmp: self.backend.save(str(tmp), pretty=True))
-
     # -- encoding -------------------------------------------------------------------------------
-
-    def encode(self, text: str, pair: str | None = None) -> list[int]:
-        """Ids of ``[CLS] text [SEP]`` or ``[CLS] text [SEP] pair [SEP]``."""
-        return self.backend.encode(text, pair, add_special_tokens=True).ids
-
-    def encode_batch(
-        self, texts: Sequence[str], add_special_tokens: bool = False
-    ) -> list[list[int]]:
-        """Ids of many texts at once (parallel in Rust); no special tokens by default."""
-        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-        return [e.ids for e in encodings]
 
     @contextmanager
     def _truncating(self, max_length: int, stride: int, strategy: str) -> Iterator[None]:
@@ -399,23 +435,6 @@ class BertTokenizer:
         if len(offsets) <= max_tokens:
             return text
         return text[: offsets[max_tokens - 1][1]]
-
-    def tokenize(self, text: str) -> list[str]:
-        """WordPiece tokens of ``text``, without special tokens."""
-        return self.backend.encode(text, add_special_tokens=False).tokens
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text from ids; "##" pieces are glued back to the word they continue."""
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-        """Vocabulary entry of each id (``IndexError`` for an id outside the vocabulary)."""
-        return [self.vocab[i] for i in ids]
-
-    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
-        """Id of each vocabulary entry; tokens not in the vocabulary map to ``unk_id``."""
-        ids = (self.backend.token_to_id(t) for t in tokens)
-        return [self.unk_id if i is None else i for i in ids]
 
 
 def _read_json(path: Path) -> dict:

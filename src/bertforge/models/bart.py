@@ -353,16 +353,8 @@ class BartPreTrainedModel(PreTrainedModel):
 
     def init_weights(self) -> None:
         """BART initialisation: weights ~ N(0, init_std), biases 0, LayerNorm 1/0, [pad] row 0."""
-        std = self.config.init_std
+        self.normal_init_(self.config.init_std)
         with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    module.weight.normal_(0.0, std)
-                    if isinstance(module, nn.Linear) and module.bias is not None:
-                        module.bias.zero_()
-                elif isinstance(module, nn.LayerNorm):
-                    module.weight.fill_(1.0)
-                    module.bias.zero_()
             shared = self.word_embeddings()
             if shared.padding_idx is not None:
                 shared.weight[shared.padding_idx].zero_()

@@ -112,24 +112,15 @@ class BartConfig(ModelConfig):
         self._normalize_labels()
 
     def _validate(self) -> None:
-        def need_int(name: str, minimum: int) -> None:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(f"BartConfig.{name} must be an integer >= {minimum}, got {value!r}")
-
         for name in ("vocab_size", "max_position_embeddings", "d_model", "encoder_layers",
                      "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
                      "encoder_ffn_dim", "decoder_ffn_dim", "num_labels"):
-            need_int(name, 1)
+            self.check_int(name, 1)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            self.check_int(name, 0)  # required; forced_* may be None
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
                      "forced_bos_token_id", "forced_eos_token_id"):
-            value = getattr(self, name)
-            if value is None and name.startswith("forced_"):
-                continue
-            need_int(name, 0)
-            if value >= self.vocab_size:
-                raise ConfigError(f"BartConfig.{name}={value} is outside the vocabulary "
-                                  f"(vocab_size={self.vocab_size})")
+            self.check_token_id(name)
         for side in ("encoder", "decoder"):
             heads = getattr(self, f"{side}_attention_heads")
             if self.d_model % heads:
@@ -140,12 +131,8 @@ class BartConfig(ModelConfig):
             raise ConfigError(f"BartConfig.activation_function={self.activation_function!r} is not "
                               f"supported; use one of {', '.join(ACTIVATIONS)}")
         for name in ("dropout", "attention_dropout", "activation_dropout", "classifier_dropout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-                raise ConfigError(f"BartConfig.{name} must be a probability in [0, 1), got {value!r}")
-        if (isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float))
-                or not math.isfinite(self.init_std) or self.init_std <= 0):
-            raise ConfigError(f"BartConfig.init_std must be a positive number, got {self.init_std!r}")
+            self.check_probability(name)
+        self.check_positive("init_std")
         for name in ("scale_embedding", "normalize_before"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"BartConfig.{name} must be true or false, got "

@@ -42,18 +42,8 @@ class BertPreTrainedModel(PreTrainedModel):
         Embedding rows past ``vocab_size`` and the [PAD] row are zeroed. ``skip_prefix`` names a
         submodule already initialised by its own constructor (the encoder inside task models).
         """
-        std = self.config.initializer_range
+        self.normal_init_(self.config.initializer_range, skip_prefix)
         with torch.no_grad():
-            for name, module in self.named_modules():
-                if skip_prefix and (name == skip_prefix or name.startswith(skip_prefix + ".")):
-                    continue
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    module.weight.normal_(0.0, std)
-                    if isinstance(module, nn.Linear) and module.bias is not None:
-                        module.bias.zero_()
-                elif isinstance(module, nn.LayerNorm):
-                    module.weight.fill_(1.0)
-                    module.bias.zero_()
             # A tied decoder re-draws the embedding matrix above, so the zero rows are set last.
             emb = self.word_embeddings()
             emb.weight[self.config.vocab_size :].zero_()

@@ -8,7 +8,6 @@ adds three fields (``pad_vocab_size_multiple``,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -79,15 +78,10 @@ class BertConfig(ModelConfig):
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
-        def need_int(name: str, minimum: int) -> None:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(f"BertConfig.{name} must be an integer >= {minimum}, got {value!r}")
-
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size",
                      "num_labels", "pad_vocab_size_multiple"):
-            need_int(name, 1)
+            self.check_int(name, 1)
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
@@ -99,23 +93,11 @@ class BertConfig(ModelConfig):
                 f"BertConfig.hidden_act={self.hidden_act!r} is not supported; use one of {', '.join(ACTIVATIONS)}"
             )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
-            value = getattr(self, name)
-            if value is None and name == "classifier_dropout":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ConfigError(f"BertConfig.{name} must be a probability in [0, 1), got {value!r}")
+            if not (name == "classifier_dropout" and self.classifier_dropout is None):
+                self.check_probability(name)
         for name in ("initializer_range", "layer_norm_eps"):
-            value = getattr(self, name)
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value <= 0):
-                raise ConfigError(f"BertConfig.{name} must be a positive finite number, got {value!r}")
-        if self.pad_token_id is not None:
-            need_int("pad_token_id", 0)
-            if self.pad_token_id >= self.vocab_size:
-                raise ConfigError(
-                    f"BertConfig.pad_token_id={self.pad_token_id} is outside the vocabulary "
-                    f"(vocab_size={self.vocab_size})"
-                )
+            self.check_positive(name)
+        self.check_token_id("pad_token_id")
         if not isinstance(self.pre_layernorm, bool):
             raise ConfigError(f"BertConfig.pre_layernorm must be true or false, got {self.pre_layernorm!r}")
         if self.do_lower_case is not None and not isinstance(self.do_lower_case, bool):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -58,6 +59,39 @@ class ModelConfig:
     def json_model_type(self) -> str:
         """The ``model_type`` written to config.json."""
         return self.model_type
+
+    # ------------------------------------------------------------------ validation helpers
+    def check_int(self, name: str, minimum: int) -> None:
+        """ConfigError unless field ``name`` is an integer >= ``minimum``."""
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{type(self).__name__}.{name} must be an integer >= {minimum}, "
+                              f"got {value!r}")
+
+    def check_probability(self, name: str) -> None:
+        """ConfigError unless field ``name`` is a number in [0, 1) (a dropout rate)."""
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ConfigError(f"{type(self).__name__}.{name} must be a probability in [0, 1), "
+                              f"got {value!r}")
+
+    def check_positive(self, name: str) -> None:
+        """ConfigError unless field ``name`` is a positive finite number."""
+        value = getattr(self, name)
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"{type(self).__name__}.{name} must be a positive finite number, "
+                              f"got {value!r}")
+
+    def check_token_id(self, name: str) -> None:
+        """ConfigError unless field ``name`` is None or an id inside the vocabulary."""
+        value = getattr(self, name)
+        if value is None:
+            return
+        self.check_int(name, 0)
+        if value >= self.vocab_size:  # type: ignore[attr-defined]
+            raise ConfigError(f"{type(self).__name__}.{name}={value} is outside the vocabulary "
+                              f"(vocab_size={self.vocab_size})")  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ labels
     def _normalize_labels(self) -> None:

@@ -81,6 +81,21 @@ class PreTrainedModel(nn.Module):
         """The current name of a weight saved under an older naming scheme of the family."""
         return name
 
+    def normal_init_(self, std: float, skip_prefix: str | None = None) -> None:
+        """The usual transformer initialisation: Linear/Embedding weights ~ N(0, std), biases 0,
+        LayerNorm 1/0; the submodule ``skip_prefix`` (already initialised) is left alone."""
+        with torch.no_grad():
+            for name, module in self.named_modules():
+                if skip_prefix and (name == skip_prefix or name.startswith(skip_prefix + ".")):
+                    continue
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    module.weight.normal_(0.0, std)
+                    if isinstance(module, nn.Linear) and module.bias is not None:
+                        module.bias.zero_()
+                elif isinstance(module, nn.LayerNorm):
+                    module.weight.fill_(1.0)
+                    module.bias.zero_()
+
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute layer activations in backward instead of storing them (every stack that
         supports it: a module with a ``gradient_checkpointing`` flag)."""

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.batch import IGNORE_INDEX, Batch, LossOutput, to_device
+from bertforge.batch import IGNORE_INDEX, Batch, LossOutput
 from bertforge.config import PretrainConfig
 from bertforge.data.masking import normalize_special_ids, sample_rng
 from bertforge.data.noising import NoiseSpec, NoiseVocab, noise
 from bertforge.data.seq2seq import collate_seq2seq, truncate_framed
 from bertforge.errors import ConfigError
-from bertforge.train.data import PretrainData, open_pretrain_data
-from bertforge.train.distributed import DistInfo, all_reduce_sum
+from bertforge.tasks.pretrain import PretrainTask
+from bertforge.train.data import PretrainData
+from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import seq2seq_train_flops
 from bertforge.train.guards import check_model_fits, check_vocab, explain_oom, refuse_nonfinite
 from bertforge.train.resume import verify_model_files
@@ -142,46 +143,26 @@ def build_bart(cfg: PretrainConfig, data: PretrainData, resume_from: Path | None
         return model.to(device)
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, data: PretrainData, info: DistInfo, num_batches: int,
-             autocast: Callable[[], ContextManager]) -> dict[str, float]:
-    """Mean reconstruction loss and token accuracy over the first ``num_batches`` held-out
-    micro-batches (the same noise at every evaluation)."""
-    model.eval()
-    totals = torch.zeros(3, device=info.device)   # loss, token_acc, batches
-    for i, batch in enumerate(data.validation_batches()):
-        if i == num_batches:
-            break
-        with autocast():
-            stats = seq2seq_loss(model, to_device(batch, info.device)).stats
-        totals += torch.stack([stats["loss"], stats["token_acc"],
-                               torch.ones((), device=info.device)])
-    totals = all_reduce_sum(totals)
-    n = max(float(totals[2]), 1.0)
-    return {"val_loss": float(totals[0]) / n, "val_token_acc": float(totals[1]) / n}
-
-
-class DenoiseTask:
-    """BART denoising on ``--objective denoise`` data; validation reconstruction loss."""
+class DenoiseTask(PretrainTask):
+    """BART denoising on ``--objective denoise`` data; validation reconstruction loss. What it
+    shares with BERT pretraining (data streams, validation, outputs) is ``PretrainTask``'s."""
 
     name = "denoising"
-    init_key = "init_from"
+    stat_keys = ("loss", "token_acc")
 
     def __init__(self, cfg: PretrainConfig, info: DistInfo) -> None:
-        self.cfg, self.info = cfg, info
         spec = cfg.data.noise.spec()
+        max_source_length = self.max_source_length(cfg)
 
         def make_batch(dataset: Any, tokenizer: Any) -> DenoisingBatchMaker:
             return DenoisingBatchMaker(dataset, seed=cfg.train.seed, spec=spec,
                                        vocab=noise_vocab(tokenizer), pad_id=tokenizer.pad_id,
-                                       max_source_length=self.max_source_length(cfg))
+                                       max_source_length=max_source_length)
 
-        self.data = open_pretrain_data(cfg, info, make_batch=make_batch)
-        if self.data.tokenizer is None:
+        super().__init__(cfg, info, make_batch)
+        if self.tokenizer is None:
             raise ConfigError(f"{cfg.data.path}: denoising data must come from `bertforge "
                               "prepare` (its tokenizer is saved with it)")
-        self.train = self.data.train
-        self.tokenizer = self.data.tokenizer
 
     @staticmethod
     def max_source_length(cfg: PretrainConfig) -> int:
@@ -191,24 +172,14 @@ class DenoiseTask:
         # A resumed run has the same model (a run-defining key), so its config says the same.
         return load_config(cfg.init_from or cfg.model).max_position_embeddings
 
-    @property
-    def has_validation(self) -> bool:
-        return self.data.has_validation
-
     def build_model(self, resume_from: Path | None) -> nn.Module:
         return build_bart(self.cfg, self.data, resume_from, self.info.device)
 
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
         return seq2seq_loss(model, batch)
 
-    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
-        return evaluate(model, self.data, self.info, self.cfg.train.eval_batches, autocast)
-
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return seq2seq_batch_flops(model.config, batch)
-
-    def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
-        return validation  # the final checkpoint is the product
 
     def describe(self, last: dict, validation: dict) -> list[str]:
         lines = []

@@ -18,7 +18,7 @@ from torch import nn
 from bertforge.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens, to_device
 from bertforge.config import PretrainConfig
 from bertforge.errors import ConfigError
-from bertforge.train.data import PretrainData, open_pretrain_data
+from bertforge.train.data import MakeBatch, PretrainData, open_pretrain_data
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import batch_train_flops
 from bertforge.train.guards import check_model_fits, check_vocab, explain_oom, refuse_nonfinite
@@ -53,21 +53,22 @@ def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: PretrainData, info: DistInfo, num_batches: int,
-             autocast: Callable[[], ContextManager]) -> dict[str, float]:
-    """Mean validation loss and MLM accuracy over the first ``num_batches`` micro-batches."""
+             autocast: Callable[[], ContextManager],
+             loss: Callable[[nn.Module, Batch], LossOutput] = pretraining_loss,
+             keys: tuple[str, ...] = ("loss", "mlm_loss", "mlm_acc")) -> dict[str, float]:
+    """Means of the ``loss`` stats ``keys`` (as ``val_<key>``) over the first ``num_batches``
+    validation micro-batches, the same batches at every evaluation."""
     model.eval()
-    totals = torch.zeros(4, device=info.device)   # loss, mlm_loss, mlm_acc, batches
+    totals = torch.zeros(len(keys) + 1, device=info.device)   # the stats, batches
     for i, batch in enumerate(data.validation_batches()):
         if i == num_batches:
             break
         with autocast():
-            stats = pretraining_loss(model, to_device(batch, info.device)).stats
-        totals += torch.stack([stats["loss"], stats["mlm_loss"], stats["mlm_acc"],
-                               torch.ones((), device=info.device)])
+            stats = loss(model, to_device(batch, info.device)).stats
+        totals += torch.stack([*(stats[k] for k in keys), torch.ones((), device=info.device)])
     totals = all_reduce_sum(totals)
-    n = max(float(totals[3]), 1.0)
-    return {"val_loss": float(totals[0]) / n, "val_mlm_loss": float(totals[1]) / n,
-            "val_mlm_acc": float(totals[2]) / n}
+    n = max(float(totals[-1]), 1.0)
+    return {f"val_{k}": float(totals[i]) / n for i, k in enumerate(keys)}
 
 
 def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | None,
@@ -125,10 +126,11 @@ class PretrainTask:
 
     name = "pretraining"
     init_key = "init_from"
+    stat_keys: tuple[str, ...] = ("loss", "mlm_loss", "mlm_acc")  # validation reports val_<key>
 
-    def __init__(self, cfg: PretrainConfig, info: DistInfo) -> None:
+    def __init__(self, cfg: PretrainConfig, info: DistInfo, make_batch: MakeBatch | None = None):
         self.cfg, self.info = cfg, info
-        self.data = open_pretrain_data(cfg, info)
+        self.data = open_pretrain_data(cfg, info, make_batch)
         self.train = self.data.train
         self.tokenizer = self.data.tokenizer
 
@@ -143,7 +145,8 @@ class PretrainTask:
         return pretraining_loss(model, batch)
 
     def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
-        return evaluate(model, self.data, self.info, self.cfg.train.eval_batches, autocast)
+        return evaluate(model, self.data, self.info, self.cfg.train.eval_batches, autocast,
+                        self.loss, self.stat_keys)
 
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return batch_train_flops(model.config, batch["attention_mask"],
