@@ -129,3 +129,40 @@ def test_model_and_data_families_must_match(tmp_path, bart_data, tiny):
         pretrain(config(bart_data, tmp_path / "a", "--model=bert-tiny"))
     with pytest.raises(ConfigError, match="is a BART model but the data"):
         pretrain(config(bart_data, tmp_path / "b", f"--data.path={tiny.data}"))
+
+
+def test_two_ddp_ranks_train_like_one_process_with_accumulation(tmp_path, bart_data, child_env):
+    """torchrun with 2 gloo ranks (accumulation 1) against 1 process (accumulation 2), dropout
+    off: the same batches and noise, so the losses and weights agree to float rounding."""
+    import socket
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    nodrop = tmp_path / "nodrop.json"
+    nodrop.write_text(json.dumps({**TINY_BART, "dropout": 0.0}))
+    single = pretrain(config(bart_data, tmp_path / "single", f"--model={nodrop}",
+                             "--train.max_steps=3"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--config", str(resolve_recipe("debug/bart-tiny-cpu")), f"--model={nodrop}",
+            f"--data.path={bart_data['data']}", f"--output_dir={tmp_path / 'ddp'}",
+            "--train.max_steps=3", "--train.global_batch_size=8", "--train.micro_batch_size=4",
+            "--train.log_every=1", "--train.eval_batches=2", "--checkpoint.every=1000"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           "--master_addr=127.0.0.1", f"--master_port={port}", "-m",
+                           "bertforge.cli", "pretrain", *args], env=child_env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    one = [r for r in metrics(tmp_path / "single") if "loss" in r]
+    two = [r for r in metrics(tmp_path / "ddp") if "loss" in r]
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3]
+    for a, b in zip(one, two):
+        for key in ("loss", "token_acc", "grad_norm", "lr"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    wa = load_file(str(single.final_checkpoint / "model.safetensors"))
+    wb = load_file(str(tmp_path / "ddp" / "checkpoint-3" / "model.safetensors"))
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6, msg=name)
