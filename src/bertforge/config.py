@@ -66,8 +66,8 @@ class NoiseConfig:
 
         try:
             check_noise_spec(self.spec())
-        except ValueError as exc:
-            raise ConfigError(f"data.noise: {exc}") from None
+        except ValueError as exc:  # "NoiseSpec.mask=..." -> "data.noise.mask=..."
+            raise ConfigError(str(exc).replace("NoiseSpec.", "data.noise.", 1)) from None
 
     def spec(self) -> Any:
         """These settings as the ``bertforge.data.noising.NoiseSpec`` the noising functions take."""

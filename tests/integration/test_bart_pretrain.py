@@ -166,3 +166,33 @@ def test_two_ddp_ranks_train_like_one_process_with_accumulation(tmp_path, bart_d
     wb = load_file(str(tmp_path / "ddp" / "checkpoint-3" / "model.safetensors"))
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_inspect_shows_noised_pairs_and_noise_statistics(bart_data):
+    from bertforge.data.inspect import inspect_dataset
+
+    text = inspect_dataset(bart_data["data"], num=2, seed=3)
+    assert "objective denoise" in text and "noise      drawn at load time" in text
+    assert text.count("  original <s>") == 2 and text.count("  noised   <s>") == 2
+    assert "<mask>" in text
+    stats = dict(line.split() for line in text.split("noise statistics over")[1].splitlines()[1:])
+    assert 0.5 < float(stats["length_ratio"]) < 1.0   # spans collapse to one <mask> each
+    assert 0.0 < float(stats["missing_fraction"]) < 0.6
+    assert text == inspect_dataset(bart_data["data"], num=2, seed=3)  # the same draw again
+
+
+def test_cli_user_errors_for_bart_commands(tmp_path, bart_data, capsys):
+    from bertforge.cli import main
+
+    assert main(["vocab", "--type", "bpe", "--cased", "--input", str(CORPUS),
+                 "--output", str(tmp_path / "bpe")]) == 2
+    assert "BPE always keeps case" in capsys.readouterr().err
+    assert main(["evaluate", "summarization", "--predictions", str(CORPUS)]) == 2
+    assert "needs --references" in capsys.readouterr().err
+    assert main(["prepare", "--input", str(CORPUS), "--vocab", str(bart_data["bpe"]),
+                 "--output", str(tmp_path / "h5"), "--objective", "denoise",
+                 "--format", "hdf5"]) == 2
+    assert "cannot hold --objective denoise" in capsys.readouterr().err
+    assert main(["pretrain", "--config", "bart-tiny-cpu", f"--data.path={bart_data['data']}",
+                 f"--output_dir={tmp_path / 'run'}", "--data.noise.replace_length=2"]) == 2
+    assert "data.noise.replace_length=2 must be" in capsys.readouterr().err
