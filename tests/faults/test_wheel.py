@@ -77,7 +77,8 @@ def test_wheel_runs_from_a_clean_venv(tmp_path: Path) -> None:
     module, site_packages = map(Path, found.splitlines())
     assert module.is_relative_to(site_packages) and site_packages.is_relative_to(venv)
 
-    out = run([bertforge, "demo", "--workdir", tmp_path / "demo", "--steps", "3"], cwd=outside,
+    out = run([bertforge, "demo", "--workdir", tmp_path / "demo", "--steps", "3", "--bart-steps",
+               "3"], cwd=outside,
               timeout=900, OMP_NUM_THREADS="1")
     assert "=== summary ===" in out
     assert re.search(r"^\s+steps\s+3$", out.split("=== summary ===")[1], re.MULTILINE)
