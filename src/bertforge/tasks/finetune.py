@@ -162,8 +162,9 @@ def load_model(cls: type[PreTrainedModel], source: Path, seed: int, device: torc
 
 
 def sequence_length(cfg: FinetuneConfig) -> int:
-    """``data.max_seq_length``, else the task's default (384 for SQuAD, 128 otherwise) capped
-    at the model's positions; an explicit value beyond them is an error, before data is read."""
+    """``data.max_seq_length``, else the task's default (384 for SQuAD, 1024 for summarization,
+    128 otherwise) capped at the model's positions; an explicit value beyond them is an error,
+    before data is read."""
     positions = load_config(str(cfg.model)).max_position_embeddings
     if cfg.data.max_seq_length is None:
         return min(cfg.max_seq_length, positions)
