@@ -9,7 +9,6 @@ usual reason for truncated summaries.
 from __future__ import annotations
 
 import json
-import logging
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
@@ -19,8 +18,6 @@ import torch
 
 from bertforge.errors import ConfigError
 from bertforge.generation import GenerationConfig, generate
-
-log = logging.getLogger(__name__)
 
 
 def generation_settings(model: Any, overrides: dict[str, Any], *, source: str,

@@ -10,7 +10,6 @@ validation; the runner does the rest, as for BERT.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,6 @@ from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import seq2seq_train_flops
 from bertforge.train.guards import check_model_fits, check_vocab, explain_oom, refuse_nonfinite
 from bertforge.train.resume import verify_model_files
-
-log = logging.getLogger(__name__)
 
 
 def noise_vocab(tokenizer: Any) -> NoiseVocab:
