@@ -93,7 +93,8 @@ def run_demo(workdir: Path, steps: int = 300, bart_steps: int = 300) -> dict:
           "questions")
 
     _stage(f"7. BART: byte-level BPE, denoising data, a tiny BART pretrained on the CPU "
-           f"({bart_steps} AdamW steps), and a noised document reconstructed by beam search")
+           f"({bart_steps} AdamW steps), and a noised document reconstructed by beam search "
+           "(a few hundred CPU steps teach it frequent words, not yet copying: expect those)")
     bart = _bart(workdir, corpus, bart_steps)
 
     _stage("summary")
@@ -161,8 +162,11 @@ def _bart(workdir: Path, corpus: Path, steps: int) -> dict:
                                 max_source_length=128)
     source, target = noise.pair(0, epoch=0)
     ids = torch.from_numpy(source)[None]
+    # At least half the original's length, or a model this young answers with </s> at once.
     settings = GenerationConfig.from_model_config(model.config, num_beams=4,
-                                                  max_length=len(target) + 8)
+                                                  min_length=len(target) // 2,
+                                                  max_length=len(target) + 8,
+                                                  no_repeat_ngram_size=3)
     out = generate(model, ids, torch.ones_like(ids), settings)
     print("original      " + tok.decode(target.tolist()))
     print("noised input  " + tok.decode(source.tolist(), skip_special_tokens=False))
