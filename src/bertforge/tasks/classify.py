@@ -21,7 +21,7 @@ from bertforge.data.finetuning import (LabelMap, TextExample, glue_task, read_cl
 from bertforge.errors import ConfigError
 from bertforge.metrics.classification import classification_metrics, glue_metrics
 from bertforge.models import BertConfig, BertForSequenceClassification
-from bertforge.tasks.finetune import FeatureSet, FinetuneTask, choice_loss
+from bertforge.tasks.finetune import EncoderTask, FeatureSet, choice_loss
 
 
 def model_label_map(model: str) -> LabelMap | None:
@@ -41,7 +41,7 @@ def sequence_arrays(tokenizer, firsts: list, seconds: list | None, max_length: i
     return {key: value.reshape(shape + (max_length,)) for key, value in arrays.items()}
 
 
-class ClassificationTask(FinetuneTask):
+class ClassificationTask(EncoderTask):
     model_class = BertForSequenceClassification
 
     def read(self) -> tuple[list | None, list | None]:

@@ -209,10 +209,10 @@ class FinetuneTask(ABC):
     """The shared half of every fine-tuning task (see ``bertforge.tasks.base.Task``).
 
     A subclass sets ``name`` and ``model_class`` and implements ``read`` (examples from the
-    configured files), ``encode`` (examples -> ``FeatureSet``), ``loss``, ``outputs`` (what to
-    keep of an evaluation forward), ``score`` (metrics of the kept outputs) and may override
-    ``model_overrides`` (label count and names) and ``write_predictions``; summarization
-    overrides ``evaluate`` (it generates).
+    configured files), ``encode`` (examples -> features), ``loss``, ``collect`` (the evaluation
+    outputs: forward passes for the encoder tasks, ``EncoderTask``; generation for
+    summarization), ``score`` (metrics of those outputs) and may override ``model_overrides``
+    (label count and names) and ``write_predictions``.
     """
 
     name = "fine-tuning"
@@ -244,11 +244,11 @@ class FinetuneTask(ABC):
     def encode(self, examples: list, training: bool) -> FeatureSet:
         """Model inputs (and, for training or scoring, targets) of ``examples``."""
 
-    def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
-        """What evaluation keeps of a forward pass: (B, ...) tensors, sequences padded. Every
-        task that evaluates by forward passes implements it (summarization generates instead
-        and overrides ``evaluate``)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement outputs()")
+    @abstractmethod
+    def collect(self, model: nn.Module,
+                autocast: Callable[[], ContextManager]) -> dict[str, np.ndarray]:
+        """Run ``model`` over the evaluation features; what ``score`` and
+        ``prediction_rows`` read, gathered from every rank."""
 
     @abstractmethod
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
@@ -288,8 +288,7 @@ class FinetuneTask(ABC):
 
     def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
         assert self.eval_features is not None
-        self.last_outputs = predict(model, self.eval_features, self.cfg.eval.batch_size,
-                                    self.info, autocast, self.outputs)
+        self.last_outputs = self.collect(model, autocast)
         return self.score(self.last_outputs) if self.labelled else {}
 
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
@@ -323,6 +322,20 @@ class FinetuneTask(ABC):
                   f"  results      {out / RESULTS_FILE}")
         return RunResult(output_dir=out, step=0, preempted=False, final_checkpoint=None,
                          validation=metrics)
+
+
+class EncoderTask(FinetuneTask):
+    """A task evaluated by forward passes of an encoder model over its ``FeatureSet`` (SQuAD,
+    classification, multiple choice, tagging)."""
+
+    @abstractmethod
+    def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
+        """What evaluation keeps of a forward pass: (B, ...) tensors, sequences padded."""
+
+    def collect(self, model: nn.Module,
+                autocast: Callable[[], ContextManager]) -> dict[str, np.ndarray]:
+        return predict(model, self.eval_features, self.cfg.eval.batch_size, self.info,
+                       autocast, self.outputs)
 
 
 # --- entry points ------------------------------------------------------------------------------
@@ -398,5 +411,5 @@ def finetune_seeds(cfg: FinetuneConfig, seeds: Sequence[int]) -> dict:
     return report
 
 
-__all__ = ["FeatureSet", "benchmark_finetuning", "build_task", "finetune", "finetune_seeds",
+__all__ = ["EncoderTask", "FeatureSet", "benchmark_finetuning", "build_task", "finetune", "finetune_seeds",
            "load_model", "predict", "read_tokenizer"]

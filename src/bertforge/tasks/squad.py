@@ -23,12 +23,12 @@ from bertforge.data.finetuning.squad import (QAFeatures, postprocess_qa, qa_feat
                                              write_qa_outputs)
 from bertforge.metrics.squad import SquadQuestion, score_v1, score_v2
 from bertforge.models import BertConfig, BertForQuestionAnswering
-from bertforge.tasks.finetune import FeatureSet, FinetuneTask, pad_to
+from bertforge.tasks.finetune import EncoderTask, FeatureSet, pad_to
 
 _MASKED_LOGIT = -1e4  # logits of padding positions, never chosen as a span end
 
 
-class SquadTask(FinetuneTask):
+class SquadTask(EncoderTask):
     name = "squad"
     model_class = BertForQuestionAnswering
     prediction_file = "predictions.json"

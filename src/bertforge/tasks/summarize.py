@@ -113,7 +113,9 @@ class SummarizationTask(FinetuneTask):
                                    source=str(self.cfg.model),
                                    default_max_length=self.cfg.data.max_target_length)
 
-    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
+    def collect(self, model: nn.Module,
+                autocast: Callable[[], ContextManager]) -> dict[str, np.ndarray]:
+        """A summary of every evaluation article (ranks split them), gathered in order."""
         inner = unwrap(model)
         share = np.array_split(np.arange(len(self.eval_sources)), self.info.world_size)
         mine = generate_texts(inner, self.tokenizer,
@@ -126,8 +128,7 @@ class SummarizationTask(FinetuneTask):
             parts: list[Any] = [None] * self.info.world_size
             dist.all_gather_object(parts, mine)
             summaries = [s for part in parts for s in part]
-        self.last_outputs = {"summaries": np.array(summaries, dtype=object)}
-        return self.score(self.last_outputs) if self.labelled else {}
+        return {"summaries": np.array(summaries, dtype=object)}
 
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
         assert self.eval_examples is not None

@@ -17,10 +17,10 @@ from bertforge.errors import DataError
 from bertforge.metrics.classification import accuracy
 from bertforge.models import BertForMultipleChoice
 from bertforge.tasks.classify import sequence_arrays
-from bertforge.tasks.finetune import FeatureSet, FinetuneTask, choice_loss
+from bertforge.tasks.finetune import EncoderTask, FeatureSet, choice_loss
 
 
-class MultipleChoiceTask(FinetuneTask):
+class MultipleChoiceTask(EncoderTask):
     name = "swag"
     model_class = BertForMultipleChoice
 

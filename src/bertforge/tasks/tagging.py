@@ -21,12 +21,12 @@ from bertforge.errors import ConfigError
 from bertforge.metrics.seqeval import entity_scores
 from bertforge.models import BertForTokenClassification
 from bertforge.tasks.classify import model_label_map
-from bertforge.tasks.finetune import FeatureSet, FinetuneTask, pad_to
+from bertforge.tasks.finetune import EncoderTask, FeatureSet, pad_to
 
 log = logging.getLogger(__name__)
 
 
-class TokenClassificationTask(FinetuneTask):
+class TokenClassificationTask(EncoderTask):
     name = "token-classification"
     model_class = BertForTokenClassification
 
