@@ -170,10 +170,57 @@ def _generate(args: argparse.Namespace, extra: list) -> int:
 
 
 def _predict(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.inference.predict import predict_file
+    if args.mode is None:
+        given = [f for f in ("question", "context", "context_file", "text") if getattr(args, f)]
+        if given:
+            raise UserError(f"--{given[0].replace('_', '-')} needs a MODE, e.g. `bertforge "
+                            "predict qa --model DIR --question Q --context C`")
+        if not (args.data and args.output):
+            raise UserError("predict needs a MODE (qa, classify, tag, fill-mask, summarize, "
+                            "embed) or --data and --output to predict a whole file")
+        from bertforge.inference.predict import predict_file
 
-    out = predict_file(Path(args.model), Path(args.data), Path(args.output), extra)
-    print(f"wrote predictions to {out}")
+        out = predict_file(Path(args.model), Path(args.data), Path(args.output), extra)
+        print(f"wrote predictions to {out}")
+        return 0
+    if extra or args.data or args.output:
+        wrong = " ".join(extra) or ("--data" if args.data else "--output")
+        raise UserError(f"predict {args.mode} does not take {wrong}: --data, --output and "
+                        "--key=value settings are for predicting a whole file (no MODE)")
+    from bertforge.inference.interactive import run_predict
+
+    options = {k: getattr(args, k) for k in ("doc_stride", "max_query_length", "pooling")
+               if getattr(args, k) is not None}
+    fields = {k: getattr(args, k) for k in ("top_k", "num_beams", "max_length", "min_length",
+                                            "length_penalty", "no_repeat_ngram_size")
+              if getattr(args, k) is not None}
+    return run_predict(args.mode, args.model, question=args.question, context=args.context,
+                       context_file=args.context_file, texts=args.text or (),
+                       as_json=args.json, device=args.device, precision=args.precision,
+                       max_length=args.max_seq_length, truncation=args.truncation,
+                       options=options, fields=fields, stdin=sys.stdin, stdout=sys.stdout,
+                       stderr=sys.stderr)
+
+
+def _serve(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.serve import serve
+
+    return serve(Path(args.model), host=args.host, port=args.port, task=args.task,
+                 backend=args.backend, api_key=args.api_key,
+                 max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
+                 max_batch_items=args.max_batch_items, max_body_bytes=args.max_body_bytes,
+                 max_text_chars=args.max_text_chars, truncation=args.truncation,
+                 device=args.device, embeddings=not args.no_embeddings,
+                 log_level=args.log_level)
+
+
+def _export(args: argparse.Namespace, extra: list) -> int:
+    from bertforge.export import export_onnx
+
+    report = export_onnx(Path(args.model), Path(args.output), opset=args.opset,
+                         quantize=args.quantize, sample=Path(args.sample) if args.sample else None,
+                         triton=args.triton, atol=args.atol, exporter=args.exporter)
+    print(report.summary())
     return 0
 
 
@@ -348,15 +395,115 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--early-stopping", choices=["true", "false", "never"], default=None,
                    help="Beam search stopping rule (transformers' meaning).")
 
-    p = add("predict", _predict, "Predict with a fine-tuned model on new data (no labels "
-            "needed); extra --key=value options are fine-tuning config keys (e.g. "
-            "--eval.batch_size=128).")
-    p.add_argument("--model", required=True, help="A directory written by `bertforge finetune`.")
-    p.add_argument("--data", required=True,
-                   help="SQuAD JSON / JSONL questions, or TSV/CSV/JSONL sentences, or CoNLL/JSONL "
-                        "tokens, as the model's task reads them.")
-    p.add_argument("--output", required=True,
-                   help="File to write (SQuAD: id -> answer JSON; others: JSON Lines).")
+    from bertforge.inference.interactive import MODES
+
+    p = add("predict", _predict, "Predict with a model. With a MODE: answer a question or "
+            "label texts given as options or read from stdin, one per line. Without: predict a "
+            "whole file with the fine-tuning task's reader (--data, --output; extra "
+            "--key=value options are fine-tuning config keys, e.g. --eval.batch_size=128).")
+    p.add_argument("mode", nargs="?", choices=list(MODES), default=None,
+                   help="qa: answer questions about a passage; classify: label names and "
+                        "scores; tag: word tags; fill-mask: tokens for [MASK] (<mask> for "
+                        "BART); summarize: BART summaries; embed: text vectors. Omit to "
+                        "predict a file.")
+    p.add_argument("--model", required=True, help="A model directory (e.g. written by "
+                   "`bertforge finetune`); its config.json says the task.")
+    p.add_argument("--data", default=None,
+                   help="No MODE: SQuAD JSON / JSONL questions, or TSV/CSV/JSONL sentences, or "
+                        "CoNLL/JSONL tokens, as the model's task reads them.")
+    p.add_argument("--output", default=None,
+                   help="No MODE: file to write (SQuAD: id -> answer JSON; others: JSON Lines).")
+    p.add_argument("--question", default=None,
+                   help="qa: the question; without it questions are read from stdin, one a line.")
+    p.add_argument("--context", default=None, help="qa: the passage to answer from.")
+    p.add_argument("--context-file", default=None, help="qa: a UTF-8 file holding the passage.")
+    p.add_argument("--text", action="append", default=None,
+                   help="Other modes: an input text (repeat for more); without it texts are "
+                        "read from stdin, one a line.")
+    p.add_argument("--json", action="store_true",
+                   help="Print one JSON object per input (JSON Lines) instead of text lines.")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1...")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 autocast on GPUs that support it, else fp32.")
+    p.add_argument("--max-seq-length", type=_positive_int, default=None,
+                   help="Tokens per input (default: the run's data.max_seq_length for qa, else "
+                        "the model's positions).")
+    p.add_argument("--truncation", choices=["error", "truncate"], default=None,
+                   help="An input over --max-seq-length: an error, or cut (and marked). "
+                        "Default: truncate for summarize, error otherwise; qa splits long "
+                        "passages into windows instead.")
+    p.add_argument("--doc-stride", type=_positive_int, default=None,
+                   help="qa: tokens between window starts (default: the run's, else 128).")
+    p.add_argument("--max-query-length", type=_positive_int, default=None,
+                   help="qa: questions are cut to this many tokens (default: the run's, else 64).")
+    p.add_argument("--top-k", type=_positive_int, default=None,
+                   help="fill-mask: candidates per mask (default 5).")
+    p.add_argument("--pooling", choices=["mean", "cls"], default=None,
+                   help="embed: mean of the token vectors (default) or the first token's.")
+    p.add_argument("--num-beams", type=_positive_int, default=None,
+                   help="summarize: beams (default: the model's generation_config.json).")
+    p.add_argument("--max-length", type=_positive_int, default=None,
+                   help="summarize: longest summary in tokens (the decoder start included).")
+    p.add_argument("--min-length", type=int, default=None,
+                   help="summarize: shortest summary in tokens.")
+    p.add_argument("--length-penalty", type=float, default=None,
+                   help="summarize: beam score = log-prob / length ** length_penalty.")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                   help="summarize: never repeat an n-gram of this size (0 = off).")
+
+    p = add("serve", _serve, "Serve a model over HTTP (its task's endpoint, /v1/embeddings, "
+            "/health, /metrics, /docs, a page at /) with dynamic batching.")
+    p.add_argument("--model", required=True,
+                   help="A model directory (PyTorch) or a `bertforge export onnx` directory.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="Address to listen on (0.0.0.0 accepts other machines: set an API key).")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: a free one).")
+    p.add_argument("--task", default=None,
+                   help="question-answering, text-classification, token-classification, "
+                        "fill-mask, summarization or feature-extraction (default: from the "
+                        "model's config.json).")
+    p.add_argument("--backend", choices=["torch", "onnx", "onnx-int8"], default="torch",
+                   help="torch, or onnxruntime on model.onnx / model.int8.onnx of an export.")
+    p.add_argument("--api-key", default=None,
+                   help="Require `Authorization: Bearer KEY` (or X-API-Key) on /v1/* and "
+                        "/metrics (default: env BERTFORGE_API_KEY, else open).")
+    p.add_argument("--max-batch-tokens", type=_positive_int, default=8192,
+                   help="Token budget of one model call (padded lengths summed).")
+    p.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="How long a request waits for others to join its batch.")
+    p.add_argument("--max-batch-items", type=_positive_int, default=32,
+                   help="Items per model call and per {\"inputs\": [...]} request (413 beyond).")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20,
+                   help="Largest request body (413 beyond).")
+    p.add_argument("--max-text-chars", type=_positive_int, default=100_000,
+                   help="Longest string in an item field (413 beyond).")
+    p.add_argument("--truncation", choices=["error", "truncate"], default=None,
+                   help="Inputs over the model's length: 422 (error) or cut and flagged "
+                        "(truncate); default: the task's (error; QA windows, summaries cut).")
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N.")
+    p.add_argument("--no-embeddings", action="store_true",
+                   help="Do not serve /v1/embeddings (it loads the encoder a second time).")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"], help="Log level.")
+
+    p = add("export", _export, "Export a fine-tuned BERT to ONNX (parity-checked), optionally "
+            "int8-quantized and as a Triton model repository.")
+    p.add_argument("what", choices=["onnx"], help="The format.")
+    p.add_argument("--model", required=True, help="A model directory (BERT heads).")
+    p.add_argument("--output", required=True, help="A new (or empty) output directory.")
+    p.add_argument("--opset", type=_positive_int, default=17, help="ONNX opset.")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="Also write model.int8.onnx (onnxruntime dynamic quantization) and "
+                        "report the accuracy change.")
+    p.add_argument("--sample", default=None,
+                   help="Texts to check parity and the int8 change on, one per line (a pair or "
+                        "question/context separated by a tab).")
+    p.add_argument("--triton", action="store_true",
+                   help="Also write a Triton Inference Server model repository (triton/).")
+    p.add_argument("--atol", type=float, default=1e-4,
+                   help="Largest allowed |PyTorch - onnxruntime| difference of any output.")
+    p.add_argument("--exporter", choices=["auto", "dynamo", "torchscript"], default="auto",
+                   help="torch.onnx exporter: auto tries dynamo, then TorchScript.")
 
     p = add("plan", _plan, "Propose micro-batch size and accumulation for a GPU setup.")
     p.add_argument("--model", default="bert-large-uncased", help="Preset name or config.json.")

@@ -85,8 +85,12 @@ def _spans(offsets: list[tuple[int, int] | None], start: np.ndarray, end: np.nda
     return found
 
 
-def _entry(text: str, start_logit: float, end_logit: float) -> dict[str, Any]:
-    return {"text": text, "probability": 0.0, "start_logit": start_logit, "end_logit": end_logit}
+def _entry(text: str, start_logit: float, end_logit: float, start: int | None = None,
+           end: int | None = None) -> dict[str, Any]:
+    """An n-best candidate; ``start``/``end``: its characters [start, end) in the context (None
+    for the no-answer entry)."""
+    return {"text": text, "probability": 0.0, "start_logit": start_logit, "end_logit": end_logit,
+            "start": start, "end": end}
 
 
 def _with_probabilities(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -136,7 +140,7 @@ def postprocess_qa(examples: Sequence[QAExample], features: QAFeatures, start_lo
                 if key not in best or span[0] > best[key][0]:
                     best[key] = span
         ranked = sorted(best.values(), key=lambda c: (-c[0], c[1], c[2]))[:n_best_size]
-        entries = [_entry(ex.context[c1:c2], sl, el) for _, c1, c2, sl, el in ranked]
+        entries = [_entry(ex.context[c1:c2], sl, el, c1, c2) for _, c1, c2, sl, el in ranked]
         null_entry = _entry("", *(null[1:] if null else (0.0, 0.0)))
         text = entries[0]["text"] if entries else ""
         if version_2:

@@ -1,0 +1,152 @@
+"""``bertforge predict MODE``: a model's pipeline from the terminal, for inputs given as options
+or read from stdin one per line.
+
+``predict qa`` answers ``--question`` about ``--context`` (or ``--context-file``); without a
+question it reads questions from stdin against the same context, answering each as it comes,
+which is NVIDIA's interactive SQuAD script as a command. The other modes read ``--text``
+(repeatable) or stdin lines. On a terminal a prompt is shown and a bad line is reported and
+skipped; from a pipe lines are answered in batches and a bad line ends the command (exit 2).
+Output is one human-readable line per input, or with ``--json`` one JSON object per input.
+
+This module imports torch only when a command runs, so the CLI can list ``MODES`` instantly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator, Sequence, TextIO
+
+from bertforge.errors import DataError, UserError
+
+MODES = {"qa": "question-answering", "classify": "text-classification",
+         "tag": "token-classification", "fill-mask": "fill-mask", "summarize": "summarization",
+         "embed": "feature-extraction"}
+PIPE_BATCH = 32  # stdin lines answered per batch when stdin is not a terminal
+
+
+def _read_context(context: str | None, context_file: str | None) -> str:
+    if (context is None) == (context_file is None):
+        raise UserError("predict qa needs the passage: give exactly one of --context TEXT and "
+                        "--context-file FILE")
+    if context is not None:
+        return context
+    path = Path(context_file)  # type: ignore[arg-type]
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"--context-file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise DataError(f"--context-file {path} is not UTF-8 text") from None
+
+
+def format_result(mode: str, result: dict) -> str:
+    """One human-readable line (one line per mask for fill-mask) of a pipeline result."""
+    if mode == "qa":
+        if not result["answer"]:
+            line = f"(no answer)  score {result['score']:.4f}"
+        else:
+            line = (f"{result['answer']}  score {result['score']:.4f}, characters "
+                    f"{result['start']}-{result['end']}")
+    elif mode == "classify":
+        line = (f"{result['label']}  {result['score']:.4f}" if "label" in result
+                else f"score {result['score']:.4f}")
+    elif mode == "tag":
+        line = " ".join(f"{e['word']}/{e['tag']}" for e in result["entities"]) or "(no entities)"
+    elif mode == "fill-mask":
+        line = "\n".join("  ".join(f"{c['token']} {c['score']:.4f}" for c in candidates)
+                         for candidates in result["masks"])
+    elif mode == "summarize":
+        line = result["summary"]
+    else:
+        vector = result["embedding"]
+        shown = ", ".join(f"{x:.4f}" for x in vector[:6])
+        line = f"[{shown}, ...] ({len(vector)} dimensions, {result['pooling']} pooling)"
+    return line + ("  (input truncated)" if result.get("truncated") else "")
+
+
+def _lines(stream: TextIO, prompt: str | None, stderr: TextIO) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the non-blank lines of ``stream``; ``prompt`` before each read."""
+    number = 0
+    while True:
+        if prompt:
+            stderr.write(prompt)
+            stderr.flush()
+        line = stream.readline()
+        if not line:
+            return
+        number += 1
+        if line.strip():
+            yield number, line.rstrip("\r\n")
+
+
+def run_predict(mode: str, model: str | Path, *, question: str | None = None,
+                context: str | None = None, context_file: str | None = None,
+                texts: Sequence[str] = (), as_json: bool = False, device: str = "auto",
+                precision: str = "auto", max_length: int | None = None,
+                truncation: str | None = None, options: dict[str, Any] | None = None,
+                fields: dict[str, Any] | None = None, stdin: TextIO, stdout: TextIO,
+                stderr: TextIO) -> int:
+    """Answer the inputs of ``bertforge predict MODE``; returns the exit status (0).
+
+    ``options`` go to ``load_pipeline`` (e.g. doc_stride, pooling); ``fields`` are added to
+    every request item (top_k, generation settings). User mistakes raise ``UserError``.
+    """
+    from bertforge.inference.pipelines import InputError, load_pipeline
+
+    if mode != "qa" and (question is not None or context is not None or context_file):
+        raise UserError("--question, --context and --context-file belong to predict qa")
+    if mode == "qa" and texts:
+        raise UserError("predict qa takes --question (and reads more from stdin), not --text")
+    passage = _read_context(context, context_file) if mode == "qa" else None
+    pipeline = load_pipeline(model, MODES[mode], device=device, precision=precision,
+                             max_length=max_length, truncation=truncation, **(options or {}))
+    extra = dict(fields or {})
+
+    def item(text: str) -> dict[str, Any]:
+        return {"question": text, "context": passage} if mode == "qa" else {"text": text, **extra}
+
+    def emit(text: str, result: dict) -> None:
+        if as_json:
+            key = "question" if mode == "qa" else "text"
+            stdout.write(json.dumps({key: text, **result}, ensure_ascii=False) + "\n")
+        else:
+            stdout.write(format_result(mode, result) + "\n")
+        stdout.flush()
+
+    def answer(batch: list[tuple[str, str]]) -> None:
+        requests = []
+        for where, text in batch:
+            try:
+                requests.append(pipeline.parse(item(text)))
+            except InputError as exc:
+                raise DataError(f"{where}: {exc}") from None
+        for (_, text), result in zip(batch, pipeline(requests)):
+            emit(text, result)
+
+    given = [question] if question is not None else list(texts)
+    if given:
+        for start in range(0, len(given), PIPE_BATCH):
+            answer([(f"input {start + i + 1}", t)
+                    for i, t in enumerate(given[start:start + PIPE_BATCH])])
+        return 0
+    interactive = stdin.isatty()
+    prompt = ("question> " if mode == "qa" else "text> ") if interactive else None
+    pending: list[tuple[str, str]] = []
+    for number, text in _lines(stdin, prompt, stderr):
+        if interactive:
+            try:
+                answer([(f"line {number}", text)])
+            except DataError as exc:  # a typo on a terminal should not end the session
+                stderr.write(f"error: {exc}\n")
+            continue
+        pending.append((f"stdin line {number}", text))
+        if len(pending) == PIPE_BATCH:
+            answer(pending)
+            pending = []
+    if pending:
+        answer(pending)
+    return 0
+
+
+__all__ = ["MODES", "format_result", "run_predict"]

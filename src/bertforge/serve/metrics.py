@@ -1,0 +1,80 @@
+"""The server's Prometheus metrics: requests, errors, latency, in-flight, batch sizes, queue time.
+
+Written with ``prometheus_client`` rather than by hand: it is Prometheus's own maintained client,
+and the exposition format has details (label escaping, cumulative ``le`` buckets with ``+Inf``,
+``_count``/``_sum``/``_created`` series, content type and version) that a hand-written encoder
+would have to get right and keep right. Each app gets its own ``CollectorRegistry`` instead of the
+process-global default, so several apps in one process (tests, a library user) never collide and
+``/metrics`` shows only the server's series, not the Python process collectors.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from bertforge.serve.batching import BatchStats
+
+# Seconds: from a tiny model on a CPU (a millisecond) to a long summary (tens of seconds).
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0)
+_QUEUE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_BATCH_ITEM_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServerMetrics:
+    """The series one server exposes at ``/metrics`` (all names start with ``bertforge_``).
+
+    ``endpoint`` labels are route paths (``/v1/question-answering``), never raw URLs, so a client
+    probing random paths cannot grow the number of series; unknown paths count as ``other``.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("bertforge_requests", "HTTP requests answered, by endpoint and "
+                                "status code.", ["endpoint", "status"], registry=r)
+        self.errors = Counter("bertforge_errors", "Requests answered with an error, by endpoint "
+                              "and kind (client: 4xx, internal: 5xx).", ["endpoint", "kind"],
+                              registry=r)
+        self.latency = Histogram("bertforge_request_latency_seconds", "Time from receiving a "
+                                 "request to sending its response.", ["endpoint"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge("bertforge_requests_in_flight", "Requests received and not yet "
+                               "answered.", registry=r)
+        self.batch_items = Histogram("bertforge_batch_size", "Requests per model call (dynamic "
+                                     "batching; retries of a failed batch count as batches of 1).",
+                                     ["task"], buckets=_BATCH_ITEM_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("bertforge_batch_tokens", "Tokens (the token budget's "
+                                      "cost) per model call.", ["task"],
+                                      buckets=_BATCH_TOKEN_BUCKETS, registry=r)
+        self.queue_time = Histogram("bertforge_queue_seconds", "Time a request item waited in "
+                                    "the batching queue before its model call started.", ["task"],
+                                    buckets=_QUEUE_BUCKETS, registry=r)
+        self.model_time = Histogram("bertforge_batch_seconds", "Duration of one model call.",
+                                    ["task"], buckets=_LATENCY_BUCKETS, registry=r)
+
+    def observe_batch(self, task: str, stats: BatchStats) -> None:
+        """Record one model call of the batcher serving ``task``."""
+        self.batch_items.labels(task).observe(stats.items)
+        self.batch_tokens.labels(task).observe(stats.tokens)
+        self.model_time.labels(task).observe(stats.run_seconds)
+        for seconds in stats.queue_seconds:
+            self.queue_time.labels(task).observe(seconds)
+
+    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        """Record one answered HTTP request."""
+        self.requests.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+        if status >= 400:
+            self.errors.labels(endpoint, "internal" if status >= 500 else "client").inc()
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every series (serve with :data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)
+
+
+__all__ = ["CONTENT_TYPE", "ServerMetrics"]

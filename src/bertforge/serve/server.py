@@ -1,0 +1,153 @@
+"""``bertforge serve``: load a model, bind a socket, run the app under uvicorn, stop cleanly.
+
+The socket is bound here rather than by uvicorn so that a busy port is a one-line user error and
+``port=0`` picks a free port, printed on the ``listening on`` line (scripts and tests read it).
+SIGTERM (and Ctrl-C) start uvicorn's graceful shutdown: the listening socket closes, requests
+already received are answered, then the app's shutdown drains the batching queue; the command
+then returns 0. uvicorn re-raises the signal once it is done, and :func:`raise_on_stop` turns that
+into an exception we catch instead of a death by signal.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from bertforge.errors import ConfigError, UserError
+from bertforge.signals import Stopped, raise_on_stop
+
+API_KEY_ENV = "BERTFORGE_API_KEY"
+BACKENDS = ("torch", "onnx", "onnx-int8")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host} cannot be resolved: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; choose another "
+                          "--port (or --host)") from None
+    sock.listen(2048)
+    return sock
+
+
+def _log_config(level: str) -> dict:
+    """uvicorn's logging setup plus the ``bertforge`` logger on the same stderr handler."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["bertforge"] = {"handlers": ["default"], "level": level.upper(),
+                                      "propagate": False}
+    return config
+
+
+def _load(model_dir: Path, task: str | None, backend: str, device: str,
+          truncation: str | None, embeddings: bool):
+    """The task pipeline and, unless it already is one, a feature-extraction pipeline for
+    ``/v1/embeddings`` (``None`` when ``embeddings`` is false)."""
+    from bertforge.inference.pipelines import load_pipeline
+
+    options: dict = {"device": device, "truncation": truncation}
+    if backend != "torch":
+        from bertforge.export.runtime import OnnxModel
+
+        options["backend"] = OnnxModel(model_dir, quantized=backend == "onnx-int8")
+    pipeline = load_pipeline(model_dir, task, **options)
+    if not embeddings or pipeline.task == "feature-extraction" or backend != "torch":
+        return pipeline, None
+    return pipeline, load_pipeline(model_dir, "feature-extraction", **options)
+
+
+def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8000,
+          task: str | None = None, backend: str = "torch", api_key: str | None = None,
+          max_batch_tokens: int = 8192, max_wait_ms: float = 5.0, max_batch_items: int = 32,
+          max_body_bytes: int = 1 << 20, max_text_chars: int = 100_000,
+          truncation: str | None = None, device: str = "auto", embeddings: bool = True,
+          log_level: str = "info") -> int:
+    """Serve the model in ``model_dir`` over HTTP until SIGTERM or Ctrl-C; returns the exit code.
+
+    Options (CLI flag = the name with dashes):
+
+    * ``host`` (127.0.0.1): the address to listen on; the default is reachable only from this
+      machine. Use 0.0.0.0 to accept other machines (then set an API key).
+    * ``port`` (8000): the TCP port; 0 picks a free one (printed on the ``listening on`` line).
+    * ``task`` (from the model's config.json): question-answering, text-classification,
+      token-classification, fill-mask, summarization or feature-extraction; the endpoint is
+      ``POST /v1/<task>`` (``/v1/embeddings`` for feature-extraction).
+    * ``backend`` (torch): ``torch`` runs the PyTorch model; ``onnx`` runs ``model.onnx`` and
+      ``onnx-int8`` runs ``model.int8.onnx`` of a ``bertforge export onnx`` directory with
+      onnxruntime (no ``/v1/embeddings`` then: the export holds the task's head only).
+    * ``api_key`` (env BERTFORGE_API_KEY, else none): when set, ``/v1/*`` and ``/metrics`` answer
+      401 without ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``; ``/health``, ``/``,
+      ``/docs`` and ``/openapi.json`` stay open.
+    * ``max_batch_tokens`` (8192): token budget of one model call (sum of the items' padded
+      lengths); an item over it alone runs in a batch of its own.
+    * ``max_wait_ms`` (5): how long the first queued item waits for others to join its batch;
+      the most batching adds to any request's latency.
+    * ``max_batch_items`` (32): items per model call, and per ``{"inputs": [...]}`` request
+      (413 beyond).
+    * ``max_body_bytes`` (1 MiB): largest request body (413 beyond).
+    * ``max_text_chars`` (100000): longest string in any item field (413 beyond).
+    * ``truncation`` (the pipeline's default: ``error`` for classification, tagging and
+      embeddings): ``error`` answers 422 for an input over the model's maximum length,
+      ``truncate`` cuts it and says so in the result; question answering always splits long
+      contexts into windows, summarization cuts the article to the model's positions.
+    * ``device`` (auto): ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+    * ``embeddings`` (true): also serve ``/v1/embeddings`` from the model's encoder (torch
+      backend; loads the weights a second time, as a feature-extraction pipeline).
+    * ``log_level`` (info): critical, error, warning, info or debug; internal errors are logged
+      with their traceback at error level.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"--log-level must be one of {', '.join(LOG_LEVELS)} (got "
+                          f"{log_level!r})")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port must be between 0 and 65535 (got {port})")
+    try:
+        import uvicorn
+
+        from bertforge.serve.app import ServeSettings, create_app
+    except ImportError as exc:
+        raise UserError(f"bertforge serve needs {exc.name}: pip install 'bertforge[serve]'"
+                        ) from None
+    settings = ServeSettings(
+        max_batch_tokens=max_batch_tokens, max_batch_items=max_batch_items,
+        max_wait_ms=max_wait_ms, max_body_bytes=max_body_bytes, max_text_chars=max_text_chars,
+        api_key=api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None)
+    model_dir = Path(model_dir)
+    with raise_on_stop((signal.SIGTERM,)):
+        pipeline, extractor = _load(model_dir, task, backend, device, truncation, embeddings)
+    sock = _bind(host, port)
+    app = create_app(pipeline, settings, embeddings=extractor)
+    config = uvicorn.Config(app, log_config=_log_config(log_level), log_level=log_level,
+                            access_log=log_level == "debug", server_header=False)
+    server = uvicorn.Server(config)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    print(f"bertforge serve: listening on http://{shown}:{bound_port} ({pipeline.task}, "
+          f"{model_dir})", file=sys.stderr, flush=True)
+    try:
+        with raise_on_stop((signal.SIGTERM,)):
+            server.run(sockets=[sock])
+    except (Stopped, KeyboardInterrupt):
+        pass  # uvicorn re-raises the signal after its graceful shutdown: a clean stop
+    finally:
+        sock.close()
+    return 0 if server.started else 1
+
+
+__all__ = ["API_KEY_ENV", "serve"]
