@@ -190,6 +190,12 @@ class Pipeline(ABC):
             return ("input_ids", "attention_mask", "token_type_ids")
         return ("input_ids", "attention_mask")
 
+    def parse_text(self, item: Mapping[str, Any]) -> TextRequest:
+        """An item of one ``text`` field, encoded (the parse of tagging and embeddings)."""
+        item = _fields(item, ("text",))
+        text = _text(item, "text")
+        return TextRequest(text, *self.encode_text(text))
+
     def encode_text(self, text: str, pair: str | None = None) -> tuple[Window, bool]:
         """The window of ``text`` (and ``pair``) with special tokens, and whether it was cut to
         ``max_length`` (``InputError`` instead under ``truncation="error"``)."""
@@ -395,9 +401,7 @@ class TokenClassificationPipeline(Pipeline):
         self.labels = _labels(self.config)
 
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
-        item = _fields(item, ("text",))
-        text = _text(item, "text")
-        return TextRequest(text, *self.encode_text(text))
+        return self.parse_text(item)
 
     def __call__(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
@@ -581,9 +585,7 @@ class FeatureExtractionPipeline(Pipeline):
             raise ConfigError(f"pooling must be mean or cls, got {self.pooling!r}")
 
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
-        item = _fields(item, ("text",))
-        text = _text(item, "text")
-        return TextRequest(text, *self.encode_text(text))
+        return self.parse_text(item)
 
     def __call__(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
