@@ -1,0 +1,26 @@
+"""Inference pipelines: one loaded model, its tokenizer and its task, answering request items.
+
+``bertforge predict MODE``, the HTTP server and the ONNX backend all go through a ``Pipeline``:
+``parse`` validates one request item (a JSON object) and encodes it, so a bad field is an
+``InputError`` naming it before any batch is formed; ``cost`` is the tokens the item will occupy
+(the server's token budget); calling the pipeline on parsed requests runs them as one padded
+batch and returns one JSON-able result per request, the same as if each had run alone.
+
+Pre- and post-processing are the fine-tuning tasks' own: SQuAD windows and the n-best search
+(``qa_features``, ``postprocess_qa``, with the run's config.yaml settings when present), the
+label names saved in config.json, first-sub-token tagging, and generation settings from
+generation_config.json. So a pipeline answers what evaluation would have answered.
+
+A batch is padded to its longest sequence rounded up to a multiple of 8, never to
+``max_length``: padding is compute, and requests vary a lot in length. An input longer than
+``max_length`` tokens is an ``InputError`` (``truncation="error"``) or is cut and its result says
+``"truncated": true`` (``"truncate"``); QA splits long contexts into windows instead, and
+summarization cuts the article to the model's positions by default.
+"""
+
+
+from bertforge.inference.pipelines.base import TASKS, InputError, Pipeline, TextRequest
+from bertforge.inference.pipelines.loading import PIPELINES, infer_task, load_pipeline
+
+__all__ = ["InputError", "Pipeline", "PIPELINES", "TASKS", "TextRequest", "infer_task",
+           "load_pipeline"]

@@ -1,0 +1,230 @@
+"""The pipeline base class, request-field checks and the shared constants."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from bertforge.data.finetuning.labels import LabelMap
+from bertforge.tokenization import BertTokenizer, Window
+from bertforge.train.precision import Precision
+
+
+TASKS = ("question-answering", "text-classification", "token-classification", "fill-mask",
+         "summarization", "feature-extraction")
+TRUNCATION = ("error", "truncate")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+_MASKED_LOGIT = -1e4  # start/end logits of padding, never part of a span
+_MAX_TOP_K = 100
+
+
+class InputError(ValueError):
+    """A bad field of one request item: ``field`` names it ("question", "inputs[2].context"; ""
+    for the item itself) and ``message`` says what is wrong and what to send instead."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field, self.message = field, message
+
+    def within(self, prefix: str) -> InputError:
+        """The same error with its field inside ``prefix`` (``inputs[2]`` + ``context``)."""
+        return InputError(f"{prefix}.{self.field}" if self.field else prefix, self.message)
+
+
+# --- request fields ------------------------------------------------------------------------------
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+             list: "an array", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _fields(item: Any, allowed: Sequence[str]) -> Mapping[str, Any]:
+    """``item`` as a mapping whose keys are all in ``allowed``."""
+    if not isinstance(item, Mapping):
+        raise InputError("", f"expected a JSON object with {', '.join(allowed)}, got "
+                         f"{_json_type(item)}")
+    for key in item:
+        if key not in allowed:
+            raise InputError(str(key), f"is not a field of this request; fields: "
+                             f"{', '.join(allowed)}")
+    return item
+
+
+def _text(item: Mapping[str, Any], name: str, required: bool = True) -> str | None:
+    value = item.get(name)
+    if value is None:
+        if required:
+            raise InputError(name, "is required: a non-empty string")
+        return None
+    if not isinstance(value, str):
+        raise InputError(name, f"must be a string, got {_json_type(value)}")
+    if not value.strip():
+        raise InputError(name, "must not be empty")
+    return value
+
+
+def _number(item: Mapping[str, Any], name: str, kind: type, minimum: float | None = None,
+            maximum: float | None = None) -> Any:
+    """An optional int (``kind=int``) or finite float field within [minimum, maximum]."""
+    value = item.get(name)
+    if value is None:
+        return None
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not real or (kind is int and not isinstance(value, int)) or not math.isfinite(value):
+        wanted = "a whole number" if kind is int else "a finite number"
+        raise InputError(name, f"must be {wanted}, got {_json_type(value)} {value!r}")
+    if minimum is not None and value < minimum:
+        raise InputError(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InputError(name, f"must be <= {maximum}, got {value}")
+    return kind(value)
+
+
+# --- the base class ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """A parsed single-text (or text-pair) request: its encoded window and whether it was cut."""
+
+    text: str
+    window: Window
+    truncated: bool
+    top_k: int = 0  # fill-mask only
+
+
+def _logits(value: Any) -> np.ndarray:
+    """Model output (a tensor of the PyTorch model, or an array of another backend) as float32."""
+    if torch.is_tensor(value):
+        return value.float().cpu().numpy()
+    return np.asarray(value, dtype=np.float32)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@dataclass
+class Pipeline(ABC):
+    """One loaded model + tokenizer + task (build with ``load_pipeline``).
+
+    Thread-compatible, not thread-safe: one thread calls it at a time (the server's worker).
+    Subclasses add their task's options as fields with defaults (``options`` lists them).
+    """
+
+    task: ClassVar[str]
+    options: ClassVar[tuple[str, ...]] = ()
+    default_truncation: ClassVar[str] = "error"
+
+    model: Any                 # the PyTorch model, or a backend with the same call and outputs
+    tokenizer: Any             # BertTokenizer or BpeTokenizer
+    model_dir: Path
+    config: Any                # BertConfig or BartConfig
+    device: torch.device
+    precision: Precision
+    max_length: int            # tokens per sequence (pair), special tokens included
+    truncation: str            # "error" or "truncate"
+    backend: str = "pytorch"
+
+    @abstractmethod
+    def parse(self, item: Mapping[str, Any]) -> Any:
+        """Validate and encode one request item; ``InputError`` names a missing, wrong-typed,
+        empty or too long field."""
+
+    def cost(self, request: Any) -> int:
+        """Tokens ``request`` occupies in a batch."""
+        return len(request.window.ids)
+
+    @abstractmethod
+    def __call__(self, requests: Sequence[Any]) -> list[dict]:
+        """One JSON-able result per parsed request, in order, from one padded batch."""
+
+    def describe(self) -> dict:
+        """What /health and the OpenAPI examples show: task, model, limits, an example item."""
+        return {"task": self.task, "model": str(self.model_dir),
+                "model_type": self.config.model_type, "backend": self.backend,
+                "device": str(self.device), "precision": self.precision.name,
+                "max_length": self.max_length, "truncation": self.truncation,
+                "example": self.example()}
+
+    @abstractmethod
+    def example(self) -> dict:
+        """A valid request item, for documentation."""
+
+    # -- shared machinery ---------------------------------------------------------------------
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        if self.config.model_type == "bert":
+            return ("input_ids", "attention_mask", "token_type_ids")
+        return ("input_ids", "attention_mask")
+
+    def parse_text(self, item: Mapping[str, Any]) -> TextRequest:
+        """An item of one ``text`` field, encoded (the parse of tagging and embeddings)."""
+        item = _fields(item, ("text",))
+        text = _text(item, "text")
+        return TextRequest(text, *self.encode_text(text))
+
+    def encode_text(self, text: str, pair: str | None = None) -> tuple[Window, bool]:
+        """The window of ``text`` (and ``pair``) with special tokens, and whether it was cut to
+        ``max_length`` (``InputError`` instead under ``truncation="error"``)."""
+        n = len(self.tokenizer.encode(text, pair))
+        over = n > self.max_length
+        if over and self.truncation == "error":
+            what = "with text_pair " if pair is not None else ""
+            raise InputError("text", f"{what}{n} tokens long, over this model's limit of "
+                             f"{self.max_length}; shorten it, or use truncation=truncate")
+        if isinstance(self.tokenizer, BertTokenizer):
+            window = self.tokenizer.encode_windows([text], None if pair is None else [pair],
+                                                   max_length=self.max_length)[0]
+        else:
+            ids = self.tokenizer.encode_truncated([text], self.max_length)[0]
+            window = Window(ids=ids, type_ids=[0] * len(ids), offsets=[], sequence_ids=[],
+                            word_ids=[], source=0)
+        return window, over
+
+    def batch_width(self, lengths: Sequence[int]) -> int:
+        """The padded width of a batch: its longest sequence rounded up to 8, within limits."""
+        return min(-(-max(lengths) // 8) * 8, max(self.max_length, max(lengths)))
+
+    def pad(self, windows: Sequence[Window]) -> dict[str, torch.Tensor]:
+        """Model inputs of ``windows`` padded to ``batch_width``, on the pipeline's device."""
+        width = self.batch_width([len(w.ids) for w in windows])
+        if isinstance(self.tokenizer, BertTokenizer):
+            arrays = self.tokenizer.pad_windows(windows, width)
+        else:
+            ids = np.full((len(windows), width), self.tokenizer.pad_id, dtype=np.int64)
+            mask = np.zeros_like(ids)
+            for i, w in enumerate(windows):  # a loop over sequences, not tokens
+                ids[i, :len(w.ids)], mask[i, :len(w.ids)] = w.ids, 1
+            arrays = {"input_ids": ids, "attention_mask": mask}
+        return {k: torch.from_numpy(arrays[k]).to(self.device) for k in self.input_names}
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> Any:
+        """The model's output for ``inputs`` in inference mode and the pipeline's precision."""
+        with torch.inference_mode(), self.precision.autocast():
+            return self.model(**inputs)
+
+    def mark(self, result: dict, request: Any) -> dict:
+        """``result`` with ``"truncated": true`` when the request's input was cut."""
+        if getattr(request, "truncated", False):
+            result["truncated"] = True
+        return result
+
+
+def _labels(config: Any) -> LabelMap:
+    """The label names of config.json (id2label), else transformers' LABEL_i."""
+    names = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
+    return LabelMap([names[i] for i in range(config.num_labels)])
+
+
