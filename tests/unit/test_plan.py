@@ -79,3 +79,23 @@ def test_impossible_setups_are_explained(kw: dict, message: str) -> None:
                 global_batch_size=65536)
     with pytest.raises(ConfigError, match=message):
         plan_batch(**{**args, **kw})
+
+
+def test_learning_rate_proposal_scales_with_the_square_root_of_the_batch() -> None:
+    from bertforge.train.plan import proposed_lr
+
+    assert proposed_lr("lamb", 65536) == pytest.approx(6e-3)
+    # NVIDIA's phase 2 uses 4e-3 at 32768: the rule lands 6% above it.
+    assert proposed_lr("lamb", 32768) == pytest.approx(4e-3, rel=0.07)
+    assert proposed_lr("adamw", 256) == pytest.approx(1e-4)
+    assert proposed_lr("adamw", 1024) == pytest.approx(2e-4)
+    with pytest.raises(ConfigError, match="choose one of lamb, adamw"):
+        proposed_lr("sgd", 256)
+    plan = plan_batch(model="bert-large-uncased", seq_len=128, gpus=8, gpu_memory_gib=80,
+                      global_batch_size=65536)
+    line = plan.summary().splitlines()[-1]
+    assert "--optim.name=lamb --optim.lr=6.00e-03" in line and "not advised" in line
+    small = plan_batch(model="bert-base-uncased", seq_len=128, gpus=1, gpu_memory_gib=80,
+                       global_batch_size=256)
+    assert "--optim.name=adamw --optim.lr=1.00e-04" in small.summary()
+    assert "not advised" not in small.summary()

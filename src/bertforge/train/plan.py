@@ -6,10 +6,17 @@ fp32 moments = 16 bytes per parameter. Activations per layer per sequence, 16-bi
 recomputation and with a fused (flash) attention kernel: about 34 x S x H bytes (Korthikanti et
 al., 2022, without the 5 x heads x S^2 term that fused attention does not store); doubled for fp32.
 Use `bertforge pretrain --benchmark` to check the proposal on the real machine.
+
+Learning rate: square-root scaling with the global batch (the rule under which LAMB was shown to
+keep accuracy as the batch grows, You et al., 2020) from a published point per optimizer: LAMB
+6e-3 at 65536 sequences (NVIDIA's BERT phase 1; the rule then gives 4.2e-3 at 32768, 6% above
+NVIDIA's phase-2 4e-3) and Adam(W) 1e-4 at 256 (the BERT paper). AdamW is not advised far
+beyond a few thousand sequences: that is the regime LAMB was made for.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from bertforge.errors import ConfigError
@@ -17,6 +24,20 @@ from bertforge.errors import ConfigError
 GIB = 2**30
 _RESERVED_GIB = 2.0     # CUDA context, allocator slack, NCCL buffers
 _USABLE = 0.85          # leave headroom for fragmentation
+# (global batch, peak learning rate) that each optimizer's proposal scales from.
+LR_REFERENCE = {"lamb": (65536, 6e-3), "adamw": (256, 1e-4)}
+_ADAMW_MAX_BATCH = 8192  # beyond this, the proposal advises LAMB
+
+
+def proposed_lr(optimizer: str, global_batch_size: int) -> float:
+    """Peak learning rate for ``optimizer`` ("lamb" or "adamw") at ``global_batch_size``:
+    the reference point scaled by sqrt(global batch / reference batch)."""
+    if optimizer not in LR_REFERENCE:
+        raise ConfigError(f"optimizer {optimizer!r}: choose one of {', '.join(LR_REFERENCE)}")
+    if global_batch_size < 1:
+        raise ConfigError(f"global batch size must be >= 1, got {global_batch_size}")
+    batch, lr = LR_REFERENCE[optimizer]
+    return lr * math.sqrt(global_batch_size / batch)
 
 
 @dataclass
@@ -42,7 +63,17 @@ class BatchPlan:
             f"{self.activations_gib_per_seq * 1024:.0f} MiB per sequence)",
             f"config: --train.global_batch_size={self.global_batch_size} "
             f"--train.micro_batch_size={self.micro_batch_size}",
+            self.lr_line(),
         ])
+
+    def lr_line(self) -> str:
+        """The learning-rate proposal for both optimizers (see the module docstring)."""
+        lamb = proposed_lr("lamb", self.global_batch_size)
+        adamw = proposed_lr("adamw", self.global_batch_size)
+        note = ("" if self.global_batch_size <= _ADAMW_MAX_BATCH else
+                " (AdamW is not advised at this batch size: use LAMB)")
+        return (f"learning rate (square-root scaling): --optim.name=lamb --optim.lr={lamb:.2e}, "
+                f"or --optim.name=adamw --optim.lr={adamw:.2e}{note}")
 
 
 def plan_batch(*, model: str, seq_len: int, gpus: int, gpu_memory_gib: float,
