@@ -23,6 +23,7 @@ TRUNCATION = ("error", "truncate")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _MASKED_LOGIT = -1e4  # start/end logits of padding, never part of a span
 _MAX_TOP_K = 100
+_UNCUT = 1 << 30  # a max_length no text reaches: encode whole, to measure it
 
 
 class InputError(ValueError):
@@ -178,15 +179,20 @@ class Pipeline(ABC):
     def encode_text(self, text: str, pair: str | None = None) -> tuple[Window, bool]:
         """The window of ``text`` (and ``pair``) with special tokens, and whether it was cut to
         ``max_length`` (``InputError`` instead under ``truncation="error"``)."""
-        n = len(self.tokenizer.encode(text, pair))
+        bert = isinstance(self.tokenizer, BertTokenizer)
+        pairs = None if pair is None else [pair]
+        # One tokenization in the usual case: the whole text, cut again only when it is too long.
+        whole = (self.tokenizer.encode_windows([text], pairs, max_length=_UNCUT)[0] if bert
+                 else None)
+        n = len(whole.ids) if whole is not None else len(self.tokenizer.encode(text, pair))
         over = n > self.max_length
         if over and self.truncation == "error":
             what = "with text_pair " if pair is not None else ""
             raise InputError("text", f"{what}{n} tokens long, over this model's limit of "
                              f"{self.max_length}; shorten it, or use truncation=truncate")
-        if isinstance(self.tokenizer, BertTokenizer):
-            window = self.tokenizer.encode_windows([text], None if pair is None else [pair],
-                                                   max_length=self.max_length)[0]
+        if bert:
+            window = whole if not over else self.tokenizer.encode_windows(
+                [text], pairs, max_length=self.max_length)[0]
         else:
             ids = self.tokenizer.encode_truncated([text], self.max_length)[0]
             window = Window(ids=ids, type_ids=[0] * len(ids), offsets=[], sequence_ids=[],
