@@ -16,6 +16,18 @@ import torch
 from bertforge.batch import IGNORE_INDEX
 
 
+def pad_rows(rows: Sequence[Sequence[int] | np.ndarray], pad_id: int,
+             width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows padded with ``pad_id`` to ``width`` (default: the longest row): int64 ids and
+    attention mask (1 = real token), (N, width) each."""
+    width = max(len(r) for r in rows) if width is None else width
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):  # a loop over sequences, not tokens
+        ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    return ids, mask
+
+
 def collate_seq2seq(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], *, pad_id: int,
                     decoder_start_id: int, pad_to_multiple_of: int = 8) -> dict[str, torch.Tensor]:
     """Pad pairs into a batch: ``input_ids``/``attention_mask`` (B, S), ``decoder_input_ids`` and
@@ -28,15 +40,12 @@ def collate_seq2seq(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray]
         longest = max(len(r) for r in rows)
         return -(-longest // pad_to_multiple_of) * pad_to_multiple_of
 
-    b, s, t = len(sources), width(sources), width(targets)
-    input_ids = np.full((b, s), pad_id, dtype=np.int64)
-    attention = np.zeros((b, s), dtype=np.int64)
+    b, t = len(sources), width(targets)
+    input_ids, attention = pad_rows(sources, pad_id, width(sources))
     labels = np.full((b, t), IGNORE_INDEX, dtype=np.int64)
     decoder = np.full((b, t), pad_id, dtype=np.int64)
     decoder[:, 0] = decoder_start_id
-    for i, (src, tgt) in enumerate(zip(sources, targets)):  # a loop over pairs, not tokens
-        input_ids[i, : len(src)] = src
-        attention[i, : len(src)] = 1
+    for i, tgt in enumerate(targets):  # a loop over pairs, not tokens
         labels[i, : len(tgt)] = tgt
         decoder[i, 1 : len(tgt)] = tgt[:-1]
     out = {"input_ids": input_ids, "attention_mask": attention, "decoder_input_ids": decoder,
@@ -51,4 +60,4 @@ def truncate_framed(tokens: np.ndarray, max_length: int) -> np.ndarray:
     return np.concatenate([tokens[: max_length - 1], tokens[-1:]])
 
 
-__all__ = ["collate_seq2seq", "truncate_framed"]
+__all__ = ["collate_seq2seq", "pad_rows", "truncate_framed"]

@@ -16,6 +16,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 import torch
 
+from bertforge.data.seq2seq import pad_rows
 from bertforge.errors import ConfigError
 from bertforge.generation import GenerationConfig, generate
 
@@ -34,15 +35,6 @@ def generation_settings(model: Any, overrides: dict[str, Any], *, source: str,
                 "one (e.g. --max-length 142); bertforge does not fall back to a silent limit")
         base = GenerationConfig.from_model_config(model.config, max_length=limit)
     return base.replace(**overrides) if overrides else base
-
-
-def _pad(rows: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, row in enumerate(rows):  # a loop over sequences, not tokens
-        ids[i, : len(row)], mask[i, : len(row)] = row, 1
-    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 @torch.no_grad()
@@ -64,8 +56,9 @@ def generate_texts(model: Any, tokenizer: Any, sources: Sequence[np.ndarray],
     bar = tqdm(total=len(sources), desc="generate", unit="text", disable=not progress)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        ids, mask = _pad([sources[i] for i in chunk], config.pad_token_id
-                         if config.pad_token_id is not None else model.config.pad_token_id)
+        pad_id = (config.pad_token_id if config.pad_token_id is not None
+                  else model.config.pad_token_id)
+        ids, mask = map(torch.from_numpy, pad_rows([sources[i] for i in chunk], pad_id))
         with autocast():
             sequences = generate(model, ids.to(device), mask.to(device), config)
         texts = tokenizer.decode_batch(sequences.tolist(), skip_special_tokens=True)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from bertforge.data.finetuning.labels import LabelMap
+from bertforge.data.seq2seq import pad_rows
 from bertforge.tokenization import BertTokenizer, Window
 from bertforge.train.precision import Precision
 
@@ -209,10 +210,7 @@ class Pipeline(ABC):
         if isinstance(self.tokenizer, BertTokenizer):
             arrays = self.tokenizer.pad_windows(windows, width)
         else:
-            ids = np.full((len(windows), width), self.tokenizer.pad_id, dtype=np.int64)
-            mask = np.zeros_like(ids)
-            for i, w in enumerate(windows):  # a loop over sequences, not tokens
-                ids[i, :len(w.ids)], mask[i, :len(w.ids)] = w.ids, 1
+            ids, mask = pad_rows([w.ids for w in windows], self.tokenizer.pad_id, width)
             arrays = {"input_ids": ids, "attention_mask": mask}
         return {k: torch.from_numpy(arrays[k]).to(self.device) for k in self.input_names}
 
