@@ -24,11 +24,11 @@ from bertforge.data.masking import normalize_special_ids, sample_rng
 from bertforge.data.noising import NoiseSpec, NoiseVocab, noise
 from bertforge.data.seq2seq import collate_seq2seq, truncate_framed
 from bertforge.errors import ConfigError
-from bertforge.tasks.pretrain import PretrainTask
+from bertforge.tasks.pretrain import PretrainTask, instantiate
 from bertforge.train.data import PretrainData
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import seq2seq_train_flops
-from bertforge.train.guards import check_model_fits, check_vocab, explain_oom, refuse_nonfinite
+from bertforge.train.guards import check_vocab
 from bertforge.train.resume import verify_model_files
 
 
@@ -124,21 +124,7 @@ def build_bart(cfg: PretrainConfig, data: PretrainData, resume_from: Path | None
             vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, bos_token_id=tok.cls_id,
             eos_token_id=tok.sep_id, decoder_start_token_id=tok.sep_id,
             forced_bos_token_id=tok.cls_id, forced_eos_token_id=tok.sep_id)
-    if data.max_seq_length and data.max_seq_length > config.max_position_embeddings:
-        raise ConfigError(
-            f"the data at {cfg.data.path} has sequences of up to {data.max_seq_length} tokens but "
-            f"the model has {config.max_position_embeddings} positions; prepare with a smaller "
-            "--max-seq-length or use a model with more positions")
-    check_model_fits(config, device, str(where))
-    with explain_oom(config, device, str(where)):
-        if source is not None:
-            model = BartForConditionalGeneration.from_pretrained(source)
-            refuse_nonfinite(model.named_parameters(), source / "model.safetensors", source)
-        else:
-            torch.manual_seed(cfg.train.seed)
-            model = BartForConditionalGeneration(config)
-        return model.to(device)
-
+    return instantiate(BartForConditionalGeneration, config, source, cfg, data, device)
 
 class DenoiseTask(PretrainTask):
     """BART denoising on ``--objective denoise`` data; validation reconstruction loss. What it

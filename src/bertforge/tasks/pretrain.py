@@ -103,6 +103,14 @@ def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | Non
         if data.pad_id is not None:
             overrides["pad_token_id"] = data.pad_id
         config = BertConfig.load(cfg.model).replace(**overrides)
+    return instantiate(cls, config, source, cfg, data, device)
+
+
+def instantiate(cls: Any, config: Any, source: Path | None, cfg: PretrainConfig,
+                data: PretrainData, device: torch.device) -> nn.Module:
+    """``cls`` with ``source``'s (finite) weights, else fresh from ``config`` seeded by
+    ``train.seed``, on ``device``; refuses data longer than the model's positions and a model
+    that cannot fit in the device's memory."""
     positions = config.max_position_embeddings
     if data.max_seq_length and data.max_seq_length > positions:
         raise ConfigError(
@@ -119,7 +127,6 @@ def build_model(cfg: PretrainConfig, data: PretrainData, resume_from: Path | Non
             torch.manual_seed(cfg.train.seed)
             model = cls(config)
         return model.to(device)
-
 
 class PretrainTask:
     """MLM (+ NSP/SOP) on prepared data; validation loss and MLM accuracy on its held-out split."""
