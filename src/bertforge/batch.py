@@ -24,12 +24,18 @@ class Batch(TypedDict, total=False):
     token_type_ids: torch.Tensor   # same shape as input_ids: 0 first segment, 1 second
     mlm_labels: torch.Tensor       # (B, S) target id at masked positions, IGNORE_INDEX elsewhere
     nsp_labels: torch.Tensor       # (B,) next-sentence / sentence-order label or IGNORE_INDEX
+                                   # (one per sequence: more than B for packed rows)
     labels: torch.Tensor           # (B,) class id or float target; (B, S) per token (tagging);
                                    # (B, T) target ids of a seq2seq batch, IGNORE_INDEX at padding
     decoder_input_ids: torch.Tensor  # (B, T) seq2seq: the labels shifted right after the start id
     start_positions: torch.Tensor  # (B,) QA answer start token (0 = [CLS]: no answer here)
     end_positions: torch.Tensor    # (B,) QA answer end token (inclusive)
     index: torch.Tensor            # (B,) row of the feature set (evaluation keeps the order)
+    position_ids: torch.Tensor     # (B, S) packed rows only: positions restart at each sequence
+    mlm_positions: torch.Tensor    # (N,) flat positions row * S + column of the predicted tokens
+    token_indices: torch.Tensor    # (T,) flat positions of the real tokens   } the batch's
+    cu_seqlens: torch.Tensor       # (N + 1,) int32 sequence offsets in them  } TokenLayout
+    max_seqlen: torch.Tensor       # 0-d, the longest sequence; stays on the host (HOST_KEYS)
 
 
 @dataclass
@@ -53,7 +59,13 @@ def real_tokens(batch: Batch) -> torch.Tensor:
     return batch["attention_mask"].sum()
 
 
+HOST_KEYS = frozenset({"max_seqlen"})
+"""Batch entries that stay on the host: sizes a kernel launch needs as a Python int, which read
+from a GPU tensor would cost a device->host sync."""
+
+
 def to_device(batch: dict, device: torch.device) -> dict:
-    """Tensors moved (asynchronously from pinned memory) to ``device``; other values kept."""
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
-            for k, v in batch.items()}
+    """Tensors moved (asynchronously from pinned memory) to ``device``, except ``HOST_KEYS``;
+    other values kept."""
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) and k not in HOST_KEYS
+            else v for k, v in batch.items()}

@@ -21,7 +21,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from bertforge import limits
 from bertforge.errors import ConfigError
 from bertforge.io import write_text_atomic
-from bertforge.limits import OPTIMIZERS, PRECISIONS, SCHEDULES, check_choice
+from bertforge.limits import (ATTENTION_BACKENDS, OPTIMIZERS, PRECISIONS, SCHEDULES,
+                             check_choice)
 
 T = TypeVar("T")
 
@@ -91,6 +92,9 @@ class DataConfig:
     bin_by_length: bool = opt(True, "Draw every global batch from one length bin to cut padding.",
                               run_defining=True)
     num_workers: int = opt(2, "DataLoader worker processes that mask and collate (0 = in-process).")
+    pack_sequences: bool = opt(False, "Pack a micro-batch's sequences into as few rows of "
+                               "max_seq_length as fit (first fit decreasing), attention kept "
+                               "within each sequence; fixed row width, less padding.")
     noise: NoiseConfig = opt(help="BART denoising noise (denoise data only).", factory=NoiseConfig)
 
     def __post_init__(self) -> None:
@@ -115,12 +119,22 @@ class TrainConfig:
     eval_every: int = opt(0, "Steps between validation passes (0 = only at the end).")
     eval_batches: int = opt(20, "Validation micro-batches per pass (0 = no validation).")
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
-    compile: bool = opt(False, "torch.compile the model (GPU recommended).")
+    compile: Optional[bool] = opt(None, "torch.compile each transformer layer (regional); "
+                                  "default: on for GPUs, off on CPUs.")
+    unpad: bool = opt(True, "Run the encoder on the real tokens only, no work on padding "
+                      "(same results; docs/performance.md).")
+    attention_backend: str = opt("auto", "Attention kernel for unpadded tokens: auto, flash "
+                                 "(flash-attn package), nested (PyTorch SDPA on nested tensors) "
+                                 "or padded (per-sequence padding; the fastest on CPU).")
     max_skipped_steps: int = opt(20, "Stop with an error after this many consecutive steps with "
                                  "non-finite gradients (fp16 loss-scale backoff skips a few).")
     dist_timeout_s: Optional[float] = opt(None, "Seconds a collective waits for the other ranks "
                                           "before every rank stops with an error; default 300 "
                                           "with gloo (CPU), 600 with NCCL (torch's default).")
+    fsdp: bool = opt(False, "Shard weights, gradients and optimizer state over the ranks "
+                     "(FSDP2, each transformer layer a unit) instead of replicating them (DDP); "
+                     "for models whose training state does not fit one GPU. No effect in one "
+                     "process. Runs resume across DDP and FSDP either way.")
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every",
@@ -130,6 +144,8 @@ class TrainConfig:
         for name in ("eval_every", "eval_batches"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        check_choice(self.attention_backend, "train.attention_backend", ATTENTION_BACKENDS,
+                     ConfigError)
         if self.dist_timeout_s is not None:
             limits.DIST_TIMEOUT_S.check(self.dist_timeout_s, "train.dist_timeout_s", ConfigError)
         if self.global_batch_size % self.micro_batch_size:
@@ -315,6 +331,9 @@ class FinetuneTrainConfig(TrainConfig):
     global_batch_size: int = opt(32, "Sequences (examples) per optimizer step, over all ranks "
                                  "and accumulation micro-steps.", run_defining=True)
     micro_batch_size: int = opt(32, "Sequences per forward/backward on one rank.")
+    unpad: bool = opt(False, "Run the encoder on the real tokens only. Off by default: heads "
+                      "see zeros at padding, and SQuAD's loss, like transformers', normalises "
+                      "over padding positions too, so unpadded QA training differs slightly.")
     eval_batches: int = opt(0, "Unused by fine-tuning: evaluation always covers the whole "
                             "validation file (see data.max_eval_examples).")
     label_smoothing: float = opt(0.0, "summarization: probability mass spread uniformly over the "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 OPTIMIZERS = ("lamb", "adamw")
+ATTENTION_BACKENDS = ("auto", "flash", "nested", "padded")  # bertforge.models.unpad.BACKENDS
 SCHEDULES = ("poly", "linear", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -74,6 +75,7 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...],
         raise error(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
-__all__ = ["BETA", "DIST_TIMEOUT_S", "EPS", "FRACTION", "LEARNING_RATE", "MASKED_LM_PROB",
-           "MAX_GRAD_NORM", "OPTIMIZERS", "POWER", "PRECISIONS", "Range", "SCHEDULES", "WARMUP",
+__all__ = ["ATTENTION_BACKENDS", "BETA", "DIST_TIMEOUT_S", "EPS", "FRACTION", "LEARNING_RATE",
+           "MASKED_LM_PROB", "MAX_GRAD_NORM", "OPTIMIZERS", "POWER", "PRECISIONS", "Range",
+           "SCHEDULES", "WARMUP",
            "WEIGHT_DECAY", "check_choice"]

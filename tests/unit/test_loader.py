@@ -61,9 +61,19 @@ def test_micro_batch_follows_the_contract() -> None:
     batch = next(iter(loader))
     idx = loader.rank_indices(0, 0)[0]
     assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "mlm_labels",
-                          "nsp_labels"}
-    assert all(v.dtype == torch.int64 for v in batch.values())
+                          "nsp_labels", "mlm_positions", "token_indices", "cu_seqlens",
+                          "max_seqlen"}
+    assert all(v.dtype == torch.int64 for k, v in batch.items() if k != "cu_seqlens")
     b, s = batch["input_ids"].shape
+    # where the model finds tokens and predictions without asking the device
+    mask = batch["attention_mask"].reshape(-1)
+    assert torch.equal(batch["token_indices"], mask.nonzero().squeeze(1))
+    lengths = batch["attention_mask"].sum(1)
+    assert batch["cu_seqlens"].dtype == torch.int32
+    assert batch["cu_seqlens"].tolist() == [0, *lengths.cumsum(0).tolist()]
+    assert batch["max_seqlen"].dim() == 0 and batch["max_seqlen"] == lengths.max()
+    assert torch.equal(batch["mlm_positions"],
+                       (batch["mlm_labels"].reshape(-1) != -100).nonzero().squeeze(1))
     lengths = ds.lengths[idx]
     assert b == 2 and s % 8 == 0 and s - 8 < lengths.max() <= s
     for row, i in enumerate(idx):

@@ -61,8 +61,14 @@ def test_masked_positions_equal_full_head_indexed(cls) -> None:
     assert torch.allclose(part_logits, full_logits[positions], atol=1e-6, rtol=0)
     if cls is BertForPreTraining:
         assert torch.equal(part.nsp_logits, full.nsp_logits)
-    with pytest.raises(ValueError, match="masked_positions must be a bool tensor of shape \\(3, 12\\)"):
+    flat = positions.flatten().nonzero().squeeze(1)  # the same positions as row * S + column
+    by_index = model(ids, mask, types, masked_positions=flat)
+    by_index = by_index.mlm_logits if cls is BertForPreTraining else by_index.logits
+    assert torch.equal(by_index, part_logits)
+    with pytest.raises(ValueError, match="masked_positions must be a \\(B, S\\) bool mask or"):
         model(ids, mask, types, masked_positions=positions.long())
+    with pytest.raises(ValueError, match="bool tensor of shape \\(3, 12\\)"):
+        model(ids, mask, types, masked_positions=positions[:, :5])
 
 
 def test_logits_cover_real_vocab_only_and_padding_rows_are_zero() -> None:

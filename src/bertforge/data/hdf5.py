@@ -149,16 +149,20 @@ class Hdf5Dataset:
         self.paths = [Path(p) for p in paths]
         if not self.paths:
             raise DataError("no hdf5 shards given; pass one or more *.hdf5 files")
-        rows = []
+        rows, widths = [], []
         for p in self.paths:
             try:
                 with h5py.File(p, "r") as f:
-                    rows.append(_check_schema(p, f)[0])
+                    n, s = _check_schema(p, f)
+                    rows.append(n)
+                    widths.append(s)
             except OSError as e:
                 raise DataError(f"{p}: cannot open as hdf5 ({e}); give NVIDIA/Google BERT hdf5 "
                                 f"shards") from e
         # shard_offsets[f] = global index of file f's first row; (F + 1,)
         self.shard_offsets = np.concatenate(([0], np.cumsum(rows))).astype(np.int64)
+        self.max_seq_length = max(widths)
+        """The shards' row width: no sample is longer."""
         self.fingerprint = f"{len(self)} samples in {len(self.paths)} hdf5 files"
         self.max_cached_files = max(2, max_cached_files)  # a micro-batch may span two shards
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()

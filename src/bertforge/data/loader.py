@@ -21,6 +21,7 @@ import torch
 from bertforge import limits
 from bertforge.batch import IGNORE_INDEX
 from bertforge.data.masking import mask_tokens, normalize_special_ids, order_rng, sample_rng
+from bertforge.data.packing import first_fit_decreasing
 from bertforge.errors import CheckpointError, DataError
 
 
@@ -81,31 +82,55 @@ def masking_spec(*, masked_lm_prob: float, max_predictions: int, whole_word_mask
                        specials, wwm)
 
 
-def collate_rows(rows: Sequence[Row], *, pad_id: int,
-                 pad_to_multiple_of: int) -> dict[str, torch.Tensor]:
-    """Pad rows to the longest one rounded up to ``pad_to_multiple_of`` (contracts.md batch).
+def collate_rows(rows: Sequence[Row], *, pad_id: int, pad_to_multiple_of: int,
+                 pack_width: int | None = None) -> dict[str, torch.Tensor | int]:
+    """Pad rows to the longest one rounded up to ``pad_to_multiple_of`` (contracts.md batch),
+    or with ``pack_width`` pack them into as few rows of that width as first fit decreasing
+    finds (``bertforge.data.packing``).
 
-    Returns int64 tensors input_ids, attention_mask, token_type_ids, mlm_labels (B, S) and
-    nsp_labels (B,), with -100 where nothing is predicted.
+    Returns int64 tensors input_ids, attention_mask, token_type_ids, mlm_labels (R, S), with
+    -100 where nothing is predicted, and nsp_labels (one per sequence); ``position_ids`` (R, S)
+    when packed; ``mlm_positions`` (flat positions of the predicted tokens) and the batch's
+    ``TokenLayout`` entries (``bertforge.models.unpad.LAYOUT_KEYS``), so the model needs no
+    host-device sync to find tokens, sequences and predictions.
     """
-    longest = max(len(r[0]) for r in rows)
-    s = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    b = len(rows)
+    from bertforge.models.unpad import layout_batch_entries
+
+    if pack_width is None:
+        longest = max(len(r[0]) for r in rows)
+        s = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+        placement = [[i] for i in range(len(rows))]
+    else:
+        s = pack_width
+        placement = first_fit_decreasing([len(r[0]) for r in rows], pack_width)
+    b = len(placement)
     input_ids = np.full((b, s), pad_id, dtype=np.int64)
     attention = np.zeros((b, s), dtype=np.int64)
     types = np.zeros((b, s), dtype=np.int64)
     labels = np.full((b, s), IGNORE_INDEX, dtype=np.int64)
-    nsp = np.empty(b, dtype=np.int64)
-    for i, (ids, tt, lab, ns) in enumerate(rows):  # loop over samples, not tokens
-        n = len(ids)
-        input_ids[i, :n] = ids
-        attention[i, :n] = 1
-        types[i, :n] = tt
-        labels[i, :n] = lab
-        nsp[i] = IGNORE_INDEX if ns < 0 else ns
-    out = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": types,
-           "mlm_labels": labels, "nsp_labels": nsp}
-    return {k: torch.from_numpy(v) for k, v in out.items()}
+    positions = np.zeros((b, s), dtype=np.int64)
+    nsp = np.empty(len(rows), dtype=np.int64)
+    k = 0
+    for r, members in enumerate(placement):  # loops over samples, not tokens
+        start = 0
+        for i in members:
+            ids, tt, lab, ns = rows[i]
+            end = start + len(ids)
+            input_ids[r, start:end] = ids
+            attention[r, start:end] = 1
+            types[r, start:end] = tt
+            labels[r, start:end] = lab
+            positions[r, start:end] = np.arange(len(ids))
+            nsp[k] = IGNORE_INDEX if ns < 0 else ns
+            start, k = end, k + 1
+    arrays = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": types,
+              "mlm_labels": labels, "nsp_labels": nsp,
+              "mlm_positions": np.flatnonzero(labels.reshape(-1) != IGNORE_INDEX)}
+    if pack_width is not None:
+        arrays["position_ids"] = positions
+    out: dict[str, torch.Tensor | int] = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    out.update(layout_batch_entries(out["attention_mask"], out.get("position_ids")))
+    return out
 
 
 class MicroBatchMaker(torch.utils.data.Dataset):
@@ -116,9 +141,10 @@ class MicroBatchMaker(torch.utils.data.Dataset):
     """
 
     def __init__(self, dataset: Any, *, seed: int, masking: MaskingSpec | None, pad_id: int,
-                 pad_to_multiple_of: int) -> None:
+                 pad_to_multiple_of: int, pack_width: int | None = None) -> None:
         self.dataset, self.seed, self.masking = dataset, seed, masking
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
+        self.pack_width = pack_width
 
     def dynamic_row(self, index: int, epoch: int) -> Row:
         """Sample ``index`` with the mask it gets in ``epoch``: (ids, types, labels, nsp), (L,)."""
@@ -140,7 +166,8 @@ class MicroBatchMaker(torch.utils.data.Dataset):
             rows = [self.dataset.get_static(int(i)) for i in indices]
         else:
             rows = [self.dynamic_row(int(i), epoch) for i in indices]
-        return collate_rows(rows, pad_id=self.pad_id, pad_to_multiple_of=self.pad_to_multiple_of)
+        return collate_rows(rows, pad_id=self.pad_id, pad_to_multiple_of=self.pad_to_multiple_of,
+                            pack_width=self.pack_width)
 
 
 def length_bins(lengths: np.ndarray, num_bins: int) -> np.ndarray:
@@ -222,7 +249,7 @@ class PretrainingLoader:
                  special_ids: Sequence[int] | np.ndarray = (), bin_by_length: bool = False,
                  num_bins: int = 8, drop_last: bool = True, num_workers: int = 0,
                  pad_to_multiple_of: int = 8, pin_memory: bool = False,
-                 make_batch: Any = None) -> None:
+                 make_batch: Any = None, pack_width: int | None = None) -> None:
         for name, value in (("global_batch_size", global_batch_size),
                             ("micro_batch_size", micro_batch_size), ("world_size", world_size),
                             ("num_bins", num_bins), ("pad_to_multiple_of", pad_to_multiple_of)):
@@ -248,7 +275,11 @@ class PretrainingLoader:
                 whole_word_masking=whole_word_masking, is_continuation=is_continuation,
                 mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids, pad_id=pad_id)
             make_batch = MicroBatchMaker(dataset, seed=seed, masking=masking, pad_id=pad_id,
-                                         pad_to_multiple_of=pad_to_multiple_of)
+                                         pad_to_multiple_of=pad_to_multiple_of,
+                                         pack_width=pack_width)
+        elif pack_width is not None:
+            raise ValueError("pack_width packs BERT's masked batches; a custom make_batch "
+                             "lays out its own batches")
         self._maker = make_batch
         self._shard_offsets = getattr(dataset, "shard_offsets", None)
         if bin_by_length and self._shard_offsets is not None:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from bertforge.batch import IGNORE_INDEX
+from bertforge.models.unpad import layout_batch_entries
 
 
 def pad_rows(rows: Sequence[Sequence[int] | np.ndarray], pad_id: int,
@@ -31,7 +32,9 @@ def pad_rows(rows: Sequence[Sequence[int] | np.ndarray], pad_id: int,
 def collate_seq2seq(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], *, pad_id: int,
                     decoder_start_id: int, pad_to_multiple_of: int = 8) -> dict[str, torch.Tensor]:
     """Pad pairs into a batch: ``input_ids``/``attention_mask`` (B, S), ``decoder_input_ids`` and
-    ``labels`` (B, T, IGNORE_INDEX at padding); both widths rounded up to the multiple."""
+    ``labels`` (B, T, IGNORE_INDEX at padding); both widths rounded up to the multiple. Also the
+    source's ``TokenLayout`` entries (``bertforge.models.unpad.LAYOUT_KEYS``) for an unpadded
+    encoder."""
     if len(sources) != len(targets) or not sources:
         raise ValueError(f"need as many sources as targets (at least one), got {len(sources)} "
                          f"and {len(targets)}")
@@ -48,9 +51,11 @@ def collate_seq2seq(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray]
     for i, tgt in enumerate(targets):  # a loop over pairs, not tokens
         labels[i, : len(tgt)] = tgt
         decoder[i, 1 : len(tgt)] = tgt[:-1]
-    out = {"input_ids": input_ids, "attention_mask": attention, "decoder_input_ids": decoder,
-           "labels": labels}
-    return {k: torch.from_numpy(v) for k, v in out.items()}
+    arrays = {"input_ids": input_ids, "attention_mask": attention,
+              "decoder_input_ids": decoder, "labels": labels}
+    out: dict[str, torch.Tensor | int] = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    out.update(layout_batch_entries(out["attention_mask"]))  # the source's, for the encoder
+    return out
 
 
 def truncate_framed(tokens: np.ndarray, max_length: int) -> np.ndarray:

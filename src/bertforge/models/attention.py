@@ -1,7 +1,8 @@
 """Self-attention and the residual "output" blocks of a BERT layer.
 
 Attention goes through ``torch.nn.functional.scaled_dot_product_attention`` so PyTorch picks the
-fastest kernel for the device (flash / memory-efficient / math). Module and parameter names follow
+fastest kernel for the device (flash / memory-efficient / math); on unpadded tokens through
+``bertforge.models.unpad.varlen_attention``. Module and parameter names follow
 Hugging Face BERT (``attention.self.query``, ``attention.output.dense``, ``attention.output.LayerNorm``)
 so that the state dict is the Hugging Face checkpoint without renaming.
 """
@@ -13,6 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.models.config import BertConfig
+from bertforge.models.unpad import TokenLayout, varlen_attention
+
+Attend = torch.Tensor | TokenLayout | None
+"""What a layer attends with: a (B, 1, 1 or S, S) bool keep mask or None over (B, S, H) states,
+or the ``TokenLayout`` of unpadded (T, H) states."""
 
 
 def attention_keep_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -46,17 +52,25 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.varlen_backend = "auto"
+        """Kernel for unpadded tokens (``bertforge.models.unpad.BACKENDS``)."""
 
-    def forward(self, hidden: torch.Tensor, keep_mask: torch.Tensor | None) -> torch.Tensor:
-        """hidden: (B, S, H); keep_mask: (B, 1, 1, S) bool or None -> context (B, S, H)."""
+    def forward(self, hidden: torch.Tensor, keep_mask: Attend) -> torch.Tensor:
+        """hidden: (B, S, H); keep_mask: (B, 1, 1 or S, S) bool or None -> context (B, S, H).
+        Unpadded: hidden (T, H) with its ``TokenLayout`` -> (T, H)."""
+        dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(keep_mask, TokenLayout):
+            t, h = hidden.shape
+            q, k, v = (proj(hidden).view(t, self.num_heads, self.head_dim)
+                       for proj in (self.query, self.key, self.value))
+            return varlen_attention(q, k, v, keep_mask, dropout_p,
+                                    self.varlen_backend).reshape(t, h)
         b, s, h = hidden.shape
         # (B, S, H) -> (B, heads, S, head_dim)
         q = self.query(hidden).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.key(hidden).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
         v = self.value(hidden).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=keep_mask, dropout_p=self.dropout_p if self.training else 0.0
-        )
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep_mask, dropout_p=dropout_p)
         # (B, heads, S, head_dim) -> (B, S, H)
         return context.transpose(1, 2).reshape(b, s, h)
 
@@ -102,7 +116,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden: torch.Tensor, keep_mask: torch.Tensor | None) -> torch.Tensor:
-        """(B, S, H) -> (B, S, H)."""
+    def forward(self, hidden: torch.Tensor, keep_mask: Attend) -> torch.Tensor:
+        """(B, S, H) -> (B, S, H), or unpadded (T, H) -> (T, H)."""
         context = self.self(self.output.normalize_input(hidden), keep_mask)
         return self.output(context, hidden)

@@ -29,7 +29,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertforge.errors import DataError
-from bertforge.models.attention import attention_keep_mask
+from bertforge.models.attention import Attend, attention_keep_mask
+from bertforge.models.unpad import TokenLayout, token_layout, varlen_attention
 from bertforge.models.bart_config import BartConfig
 from bertforge.models.hub import PreTrainedModel
 
@@ -109,6 +110,8 @@ class BartAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.q_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.varlen_backend = "auto"
+        """Kernel for unpadded tokens (``bertforge.models.unpad.BACKENDS``)."""
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape  # (B, T, D) -> (B, heads, T, head_dim)
@@ -128,6 +131,15 @@ class BartAttention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
             dropout_p=self.dropout_p if self.training else 0.0)
         return self.out_proj(context.transpose(1, 2).reshape(b, t, d))
+
+    def unpadded(self, hidden: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        """Bidirectional self-attention over unpadded tokens: (T, D) -> (T, D)."""
+        t, d = hidden.shape
+        q, k, v = (proj(hidden).view(t, self.num_heads, self.head_dim)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        context = varlen_attention(q, k, v, layout, self.dropout_p if self.training else 0.0,
+                                   self.varlen_backend)
+        return self.out_proj(context.reshape(t, d))
 
 
 class _Block(nn.Module):
@@ -162,9 +174,12 @@ class BartEncoderLayer(_Block):
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation_dropout(self.act(self.fc1(x))))
 
-    def forward(self, hidden: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-        """(B, S, D), keep (B, 1, 1, S) bool or None -> (B, S, D)."""
+    def forward(self, hidden: torch.Tensor, keep: Attend) -> torch.Tensor:
+        """(B, S, D), keep (B, 1, 1, S) bool or None -> (B, S, D); or unpadded (T, D) with its
+        ``TokenLayout`` -> (T, D)."""
         def attend(x: torch.Tensor) -> torch.Tensor:
+            if isinstance(keep, TokenLayout):
+                return self.self_attn.unpadded(x, keep)
             return self.self_attn(x, *self.self_attn.project_kv(x), keep)
 
         hidden = self.residual(hidden, self.self_attn_layer_norm, attend)
@@ -219,14 +234,18 @@ class BartLearnedPositionalEmbedding(nn.Embedding):
 
     def forward(self, length: int, start: int = 0) -> torch.Tensor:  # type: ignore[override]
         """Embeddings of positions start .. start + length - 1: (length, D)."""
-        if start + length > self.max_positions:
-            raise DataError(
-                f"a sequence reaches {start + length} tokens but the model's "
-                f"max_position_embeddings is {self.max_positions}: truncate inputs (e.g. lower "
-                f"data.max_source_length / max_target_length or generation max_length)")
+        self.check(start + length)
         positions = torch.arange(start + POSITION_OFFSET, start + length + POSITION_OFFSET,
                                  device=self.weight.device)
         return super().forward(positions)
+
+    def check(self, end: int) -> None:
+        """DataError when a sequence reaches ``end`` tokens, more than the table holds."""
+        if end > self.max_positions:
+            raise DataError(
+                f"a sequence reaches {end} tokens but the model's "
+                f"max_position_embeddings is {self.max_positions}: truncate inputs (e.g. lower "
+                f"data.max_source_length / max_target_length or generation max_length)")
 
 
 class _Stack(nn.Module):
@@ -247,13 +266,20 @@ class _Stack(nn.Module):
         self.gradient_checkpointing = False
         """Recompute each layer's activations in backward instead of storing them (training)."""
 
-    def embed(self, input_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """(B, T) ids at positions start.. -> (B, T, D) normalised embeddings (after dropout)."""
+    def embed(self, input_ids: torch.Tensor, start: int = 0,
+              layout: TokenLayout | None = None) -> torch.Tensor:
+        """(B, T) ids at positions start.. -> (B, T, D) normalised embeddings (after dropout);
+        with ``layout``, the batch's real tokens only: (N,) -> (N, D)."""
+        if layout is None:
+            positions = self.embed_positions(input_ids.shape[1], start)
+        else:
+            self.embed_positions.check(layout.shape[1])
+            positions = self.embed_positions.weight[layout.positions + POSITION_OFFSET]
+            input_ids = layout.unpad(input_ids)
         tokens = self.embed_tokens(input_ids)
         if self.embed_scale != 1.0:
             tokens = tokens * self.embed_scale
-        hidden = tokens + self.embed_positions(input_ids.shape[1], start)
-        return self.dropout(self.layernorm_embedding(hidden))
+        return self.dropout(self.layernorm_embedding(tokens + positions))
 
     def finish(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.layer_norm(hidden) if hasattr(self, "layer_norm") else hidden
@@ -270,9 +296,20 @@ class BartEncoder(_Stack):
     def __init__(self, config: BartConfig, shared: nn.Embedding) -> None:
         super().__init__(config, shared,
                          nn.ModuleList(BartEncoderLayer(config) for _ in range(config.encoder_layers)))
+        self.unpad = False
+        """Run the layers on the real tokens only (``bertforge.models.unpad``); the output is
+        re-padded for the decoder, with zeros at padding."""
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """(B, S) ids and padding mask (1 = real) -> (B, S, D)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                layout: TokenLayout | None = None) -> torch.Tensor:
+        """(B, S) ids and padding mask (1 = real) -> (B, S, D). ``layout``: the source's
+        ``TokenLayout`` when the loader computed it."""
+        if self.unpad and (layout is not None or attention_mask is not None):
+            layout = layout or token_layout(attention_mask)
+            hidden = self.embed(input_ids, layout=layout)
+            for layer in self.layers:
+                hidden = self.run_layer(layer, hidden, layout)
+            return layout.pad(self.finish(hidden))
         hidden = self.embed(input_ids)
         keep = attention_keep_mask(attention_mask)
         for layer in self.layers:
@@ -415,13 +452,15 @@ class BartModel(BartPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 decoder_input_ids: torch.Tensor | None = None,
-                decoder_attention_mask: torch.Tensor | None = None) -> Seq2SeqModelOutput:
+                decoder_attention_mask: torch.Tensor | None = None,
+                layout: TokenLayout | None = None) -> Seq2SeqModelOutput:
         """Source (B, S) and decoder inputs (B, T); without decoder inputs the source shifted
-        right is used (as transformers does for denoising)."""
+        right is used (as transformers does for denoising). ``layout``: the source's, as
+        ``BartEncoder.forward``."""
         if decoder_input_ids is None:
             decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id,
                                                    self.config.decoder_start_token_id)
-        encoded = self.encoder(input_ids, attention_mask)
+        encoded = self.encoder(input_ids, attention_mask, layout)
         decoded = self.decoder(decoder_input_ids, encoded, attention_mask, decoder_attention_mask)
         return Seq2SeqModelOutput(last_hidden_state=decoded, encoder_last_hidden_state=encoded)
 
@@ -459,10 +498,13 @@ class BartForConditionalGeneration(BartPreTrainedModel):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 decoder_input_ids: torch.Tensor | None = None,
                 decoder_attention_mask: torch.Tensor | None = None,
-                target_positions: torch.Tensor | None = None) -> Seq2SeqLMOutput:
+                target_positions: torch.Tensor | None = None,
+                layout: TokenLayout | None = None) -> Seq2SeqLMOutput:
         """Teacher-forced scores. ``target_positions`` (B, T) bool limits the vocabulary
-        projection (the costliest matmul) to the positions that are scored."""
-        out = self.model(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask)
+        projection (the costliest matmul) to the positions that are scored. ``layout``: the
+        source's, as ``BartEncoder.forward``."""
+        out = self.model(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
+                         layout)
         hidden = out.last_hidden_state
         if target_positions is not None:
             if target_positions.dtype != torch.bool or target_positions.shape != hidden.shape[:2]:

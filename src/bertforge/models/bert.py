@@ -7,7 +7,6 @@ Hugging Face BERT, so ``BertModel().state_dict()`` *is* a transformers ``BertMod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -16,9 +15,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertforge.errors import DataError
-from bertforge.models.attention import BertAttention, BertResidualOutput, attention_keep_mask
+from bertforge.models.attention import (Attend, BertAttention, BertResidualOutput,
+                                        attention_keep_mask)
 from bertforge.models.config import BertConfig
 from bertforge.models.hub import PreTrainedModel
+from bertforge.models.unpad import TokenLayout, packed_keep_mask, token_layout
 
 
 class BertPreTrainedModel(PreTrainedModel):
@@ -84,14 +85,56 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return F.relu
 
 
-@dataclass
 class BertModelOutput:
-    """Encoder outputs."""
+    """Encoder outputs. An unpadded forward pass keeps its (T, H) token states (``unpadded``,
+    ``layout``) and pads them into ``last_hidden_state`` only if a caller asks for it."""
 
-    last_hidden_state: torch.Tensor
-    """(B, S, H) final hidden states (after the final LayerNorm for pre-LN models)."""
-    pooler_output: torch.Tensor | None
-    """(B, H) tanh(dense(hidden of [CLS])), or None for models built without a pooler."""
+    def __init__(self, last_hidden_state: torch.Tensor | None = None,
+                 pooler_output: torch.Tensor | None = None, *,
+                 unpadded: torch.Tensor | None = None, layout: TokenLayout | None = None) -> None:
+        if (last_hidden_state is None) == (unpadded is None) or (unpadded is None) != (layout is None):
+            raise ValueError("BertModelOutput needs last_hidden_state, or unpadded with its layout")
+        self._padded, self.unpadded, self.layout = last_hidden_state, unpadded, layout
+        self.pooler_output = pooler_output
+        """(N, H) tanh(dense(hidden of each sequence's first token)), N = B unless rows are
+        packed, or None for models built without a pooler."""
+
+    @property
+    def last_hidden_state(self) -> torch.Tensor:
+        """(B, S, H) final hidden states (after the final LayerNorm for pre-LN models); zeros at
+        padding when the pass ran unpadded."""
+        if self._padded is None:
+            assert self.layout is not None and self.unpadded is not None
+            self._padded = self.layout.pad(self.unpadded)
+        return self._padded
+
+    def select(self, masked_positions: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states where a head predicts: (N, H) at the True entries of a (B, S) bool mask
+        or at (N,) int64 flat positions ``row * S + column`` (ascending), in row-major order;
+        every position, (B, S, H), when ``masked_positions`` is None.
+
+        Running the MLM head only where labels exist skips the (B*S, H) x (H, V) matmul for the
+        ~85% of tokens that are not predicted. A bool mask costs one device->host sync for N;
+        flat positions (what the pretraining loader ships) cost none.
+        """
+        if masked_positions is None:
+            return self.last_hidden_state
+        b, s = self.layout.shape if self.layout is not None else self._padded.shape[:2]
+        if masked_positions.dtype == torch.bool:
+            if masked_positions.shape != (b, s):
+                raise ValueError(f"masked_positions must be a bool tensor of shape {(b, s)} or "
+                                 f"int64 flat positions, got bool {tuple(masked_positions.shape)}")
+            if self.layout is None:
+                return self._padded[masked_positions]
+            return self.unpadded[masked_positions.reshape(-1)[self.layout.indices]]
+        if masked_positions.dim() != 1 or masked_positions.is_floating_point():
+            raise ValueError("masked_positions must be a (B, S) bool mask or (N,) int64 flat "
+                             f"positions, got {masked_positions.dtype} "
+                             f"{tuple(masked_positions.shape)}")
+        if self.layout is None:
+            return self._padded.flatten(0, 1)[masked_positions]
+        # flat position -> index among the real tokens (both ascending)
+        return self.unpadded[torch.searchsorted(self.layout.indices, masked_positions)]
 
 
 class BertEmbeddings(nn.Module):
@@ -111,16 +154,24 @@ class BertEmbeddings(nn.Module):
             "position_ids", torch.arange(config.max_position_embeddings).unsqueeze(0), persistent=False
         )
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        """input_ids, token_type_ids: (B, S) int64 -> (B, S, H)."""
-        seq_len = input_ids.shape[1]
+    def check_length(self, seq_len: int) -> None:
+        """DataError when rows of ``seq_len`` tokens do not fit the position table."""
         max_len = self.position_embeddings.num_embeddings
         if seq_len > max_len:
             raise DataError(
                 f"input has {seq_len} tokens per sequence but the model's max_position_embeddings is "
                 f"{max_len}: truncate inputs to at most {max_len} tokens (e.g. lower --max-seq-length)"
             )
-        emb = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids[:, :seq_len])
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, token_type_ids, position_ids: (B, S) int64, or (T,) for unpadded tokens
+        (then with their ``position_ids``) -> (..., H). Positions default to the columns."""
+        if position_ids is None:
+            seq_len = input_ids.shape[-1]
+            self.check_length(seq_len)
+            position_ids = self.position_ids[:, :seq_len]
+        emb = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
         if token_type_ids is None:
             emb = emb + self.token_type_embeddings.weight[0]  # all segment 0; skip the gather
         else:
@@ -157,9 +208,9 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden: torch.Tensor, keep_mask: torch.Tensor | None) -> torch.Tensor:
-        """(B, S, H), keep_mask (B, 1, 1, S) bool or None -> (B, S, H)."""
-        hidden = self.attention(hidden, keep_mask)
+    def forward(self, hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """(B, S, H) with a keep mask, or (T, H) with a ``TokenLayout`` -> same shape."""
+        hidden = self.attention(hidden, attend)
         return self.output(self.intermediate(self.output.normalize_input(hidden)), hidden)
 
 
@@ -175,14 +226,14 @@ class BertEncoder(nn.Module):
         self.gradient_checkpointing = False
         """Recompute each layer's activations in backward instead of storing them (training only)."""
 
-    def forward(self, hidden: torch.Tensor, keep_mask: torch.Tensor | None) -> torch.Tensor:
-        """(B, S, H) -> (B, S, H)."""
+    def forward(self, hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """(B, S, H) or unpadded (T, H) -> same shape."""
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layer:
             if recompute:
-                hidden = checkpoint(layer, hidden, keep_mask, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, attend, use_reentrant=False)
             else:
-                hidden = layer(hidden, keep_mask)
+                hidden = layer(hidden, attend)
         if hasattr(self, "final_layer_norm"):
             hidden = self.final_layer_norm(hidden)
         return hidden
@@ -195,9 +246,9 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, S, H) -> (B, H)."""
-        return torch.tanh(self.dense(hidden[:, 0]))
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """(N, H) hidden states of each sequence's first token -> (N, H)."""
+        return torch.tanh(self.dense(first))
 
 
 class BertModel(BertPreTrainedModel):
@@ -206,6 +257,9 @@ class BertModel(BertPreTrainedModel):
     Args:
         config: model shape.
         add_pooling_layer: build the pooler (task models that never use it omit it, like transformers).
+
+    ``unpad`` (off by default; ``set_unpadding``) runs the layers on the real tokens only
+    (``bertforge.models.unpad``): the same outputs at real tokens, no work on padding.
     """
 
     base_model_prefix = ""
@@ -216,6 +270,7 @@ class BertModel(BertPreTrainedModel):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.unpad = False
         self.init_weights()
 
     def forward(
@@ -223,9 +278,36 @@ class BertModel(BertPreTrainedModel):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        layout: TokenLayout | None = None,
     ) -> BertModelOutput:
-        """input_ids, attention_mask (1 = real token), token_type_ids: (B, S) -> BertModelOutput."""
-        hidden = self.embeddings(input_ids, token_type_ids)
-        hidden = self.encoder(hidden, attention_keep_mask(attention_mask))
-        pooled = self.pooler(hidden) if self.pooler is not None else None
+        """input_ids, attention_mask (1 = real token), token_type_ids: (B, S) -> BertModelOutput.
+
+        ``position_ids`` (B, S) mark packed rows: several sequences per row, each starting at
+        position 0 and attending only to itself. ``layout`` is the batch's ``TokenLayout`` when
+        the loader computed it (saves the model from finding it, and the syncs that costs).
+        """
+        packed = position_ids is not None
+        if (self.unpad or packed) and layout is None:
+            mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+            if self.unpad and attention_mask is None and not packed:
+                mask = None  # nothing to remove: the padded path is the same work
+            layout = None if mask is None else token_layout(mask, position_ids)
+        if self.unpad and layout is not None:
+            self.embeddings.check_length(layout.shape[1])
+            types = None if token_type_ids is None else layout.unpad(token_type_ids)
+            hidden = self.embeddings(layout.unpad(input_ids), types, layout.positions)  # (T, H)
+            hidden = self.encoder(hidden, layout)
+            first = hidden[layout.starts()]
+            pooled = self.pooler(first) if self.pooler is not None else None
+            return BertModelOutput(pooler_output=pooled, unpadded=hidden, layout=layout)
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids)
+        if packed:
+            assert layout is not None
+            hidden = self.encoder(hidden, packed_keep_mask(layout))
+            first = hidden.flatten(0, 1)[layout.indices[layout.starts()]]
+        else:
+            hidden = self.encoder(hidden, attention_keep_mask(attention_mask))
+            first = hidden[:, 0]
+        pooled = self.pooler(first) if self.pooler is not None else None
         return BertModelOutput(last_hidden_state=hidden, pooler_output=pooled)

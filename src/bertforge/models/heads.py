@@ -14,6 +14,7 @@ from torch import nn
 
 from bertforge.models.bert import BertModel, BertPreTrainedModel, activation
 from bertforge.models.config import BertConfig
+from bertforge.models.unpad import TokenLayout
 
 
 @dataclass
@@ -21,7 +22,7 @@ class BertPreTrainingOutput:
     mlm_logits: torch.Tensor
     """(B, S, vocab_size), or (N, vocab_size) at the N ``masked_positions`` in row-major order."""
     nsp_logits: torch.Tensor
-    """(B, 2): index 0 = IsNext, 1 = random."""
+    """(B, 2), one row per sequence (more than B for packed rows): 0 = IsNext, 1 = random."""
 
 
 @dataclass
@@ -91,22 +92,6 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-def _select(hidden: torch.Tensor, masked_positions: torch.Tensor | None) -> torch.Tensor:
-    """(B, S, H) -> (N, H) at the True entries of a (B, S) bool mask (row-major), or unchanged.
-
-    Running the MLM head only where labels exist skips the (B*S, H) x (H, V) matmul for the ~85% of
-    tokens that are not predicted. Boolean indexing costs one device->host sync for N.
-    """
-    if masked_positions is None:
-        return hidden
-    if masked_positions.dtype != torch.bool or masked_positions.shape != hidden.shape[:2]:
-        raise ValueError(
-            f"masked_positions must be a bool tensor of shape {tuple(hidden.shape[:2])}, got "
-            f"{masked_positions.dtype} {tuple(masked_positions.shape)}"
-        )
-    return hidden[masked_positions]
-
-
 def _classifier_dropout(config: BertConfig) -> float:
     return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
 
@@ -128,10 +113,14 @@ class BertForPreTraining(BertPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         masked_positions: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        layout: TokenLayout | None = None,
     ) -> BertPreTrainingOutput:
-        """(B, S) inputs; ``masked_positions`` (B, S) bool limits MLM logits to those positions."""
-        out = self.bert(input_ids, attention_mask, token_type_ids)
-        mlm = self.cls.predictions(_select(out.last_hidden_state, masked_positions))
+        """(B, S) inputs; ``masked_positions`` ((B, S) bool, or flat int64 positions) limits MLM
+        logits to those positions (``BertModelOutput.select``). ``position_ids``/``layout``: as
+        ``BertModel``; NSP logits are per sequence, (N, 2), for packed rows."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, layout)
+        mlm = self.cls.predictions(out.select(masked_positions))
         return BertPreTrainingOutput(mlm_logits=mlm, nsp_logits=self.cls.seq_relationship(out.pooler_output))
 
 
@@ -152,9 +141,12 @@ class BertForMaskedLM(BertPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         masked_positions: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        layout: TokenLayout | None = None,
     ) -> MaskedLMOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids)
-        return MaskedLMOutput(logits=self.cls.predictions(_select(out.last_hidden_state, masked_positions)))
+        """As ``BertForPreTraining.forward``, without the NSP head."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, layout)
+        return MaskedLMOutput(logits=self.cls.predictions(out.select(masked_positions)))
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):

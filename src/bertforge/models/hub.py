@@ -103,9 +103,39 @@ class PreTrainedModel(nn.Module):
             if hasattr(module, "gradient_checkpointing"):
                 module.gradient_checkpointing = enabled
 
+    def set_unpadding(self, enabled: bool = True, backend: str = "auto") -> None:
+        """Run encoders on their real tokens only (``bertforge.models.unpad``): every module with
+        an ``unpad`` flag, and ``backend`` (``unpad.BACKENDS``) for their attention kernels."""
+        from bertforge.models.unpad import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ValueError(f"attention backend {backend!r} is not one of {', '.join(BACKENDS)}")
+        for module in self.modules():
+            if hasattr(module, "unpad"):
+                module.unpad = enabled
+            if hasattr(module, "varlen_backend"):
+                module.varlen_backend = backend
+
     def mismatch_hints(self, names: list[str]) -> list[str]:
         """Family-specific advice for a failed load that involves these weight names."""
         return []
+
+    def transformer_layers(self) -> list[nn.Module]:
+        """The repeated transformer blocks, in order (BERT's encoder layers; BART's encoder then
+        decoder layers): every entry of an ``nn.ModuleList`` named ``layer`` or ``layers``.
+        Parallelism applied from outside (FSDP) makes each one a unit."""
+        return [block for name, module in self.named_modules()
+                if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layer", "layers")
+                for block in module]
+
+    def compile_layers(self, **options: Any) -> None:
+        """``torch.compile`` each transformer layer in place (regional compilation): one graph
+        serves every layer of a stack, so compiling costs seconds, not minutes, and the weights
+        keep their names. Shapes that vary (unpadded token counts, batch widths) become dynamic
+        after the first change, so a new batch shape does not recompile again. ``options`` go to
+        ``torch.compile``."""
+        for block in self.transformer_layers():
+            block.compile(**options)
 
     # ------------------------------------------------------------------ state dicts
     def hf_state_dict(self) -> dict[str, torch.Tensor]:

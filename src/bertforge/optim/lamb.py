@@ -16,6 +16,11 @@ The trust ratio is skipped for groups without weight decay: that is what FusedLA
 Everything runs on lists of tensors with ``torch._foreach_*`` ops, bucketed by (device, dtype), so
 a step launches a fixed number of kernels per bucket instead of several per parameter, and nothing
 in it reads a value back to the host.
+
+Sharded parameters (FSDP2's DTensors, ``train.fsdp``) are updated through their local shards; every
+norm (the global gradient norm, each trust ratio's ||w|| and ||u||) is still the norm of the full
+tensor: the shards' squared norms are summed over the ranks that hold them, one all-reduce per
+kind of norm. Plain tensors take exactly the code path they always did.
 """
 
 from __future__ import annotations
@@ -26,9 +31,15 @@ from collections import defaultdict
 from typing import Callable, Iterable, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from bertforge import limits
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch built without distributed support has no sharded tensors
+    DTensor = None  # type: ignore[assignment,misc]
 
 
 def _buckets(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[int]]:
@@ -44,6 +55,37 @@ def _norm_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _local(t: Tensor) -> Tensor:
+    """This rank's shard of a DTensor (a view: in-place ops change the DTensor); ``t`` otherwise."""
+    return t.to_local() if DTensor is not None and isinstance(t, DTensor) else t
+
+
+def _shard_groups(t: Tensor) -> tuple:
+    """Process groups across which ``t``'s elements are split (``()``: this rank holds it all)."""
+    if DTensor is None or not isinstance(t, DTensor):
+        return ()
+    if any(p.is_partial() for p in t.placements):
+        raise ValueError("norms of a DTensor with Partial placement need a reduction first; "
+                         "redistribute it to Shard or Replicate")
+    return tuple(t.device_mesh.get_group(d) for d, p in enumerate(t.placements) if p.is_shard())
+
+
+def _full_norms(local: list[Tensor], dtype: torch.dtype, groups: list[tuple]) -> Tensor:
+    """(n,) L2 norms of the full tensors whose shards on this rank are ``local`` (``groups[i]``:
+    the process groups tensor i is split across, from :func:`_shard_groups`)."""
+    norms = torch.stack(torch._foreach_norm(local, 2, dtype=dtype))  # (n,)
+    if not any(groups):
+        return norms
+    squares = norms.square()
+    for key in dict.fromkeys(g for g in groups if g):  # each set of groups once, in order
+        idx = torch.tensor([i for i, g in enumerate(groups) if g == key], device=norms.device)
+        part = squares.index_select(0, idx)
+        for group in key:
+            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=group)
+        squares.index_copy_(0, idx, part)
+    return squares.sqrt()
+
+
 def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
     """L2 norm of all ``grads`` taken together, as a 0-d tensor on the first grad's device:
     float32, or float64 when any grad is float64.
@@ -53,6 +95,8 @@ def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
     """
     if not grads:
         return torch.zeros((), dtype=torch.float32)
+    if DTensor is not None and any(isinstance(g, DTensor) for g in grads):
+        return _sharded_global_norm(grads)
     device = grads[0].device
     norms: list[Tensor] = []
     for (_, dtype), idx in _buckets(grads).items():
@@ -60,6 +104,27 @@ def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
         norms.extend(n.to(device) for n in bucket_norms)  # no-op on the same device
     wide = functools.reduce(torch.promote_types, (n.dtype for n in norms))
     return torch.linalg.vector_norm(torch.stack([n.to(wide) for n in norms]))
+
+
+def _sharded_global_norm(grads: Sequence[Tensor]) -> Tensor:
+    """:func:`global_grad_norm` of DTensor (and plain) grads: the squared norms of the local
+    shards, summed over the ranks that hold the other shards (one all-reduce per set of
+    process groups), plus the squared norms of tensors every rank holds whole."""
+    device = _local(grads[0]).device
+    total: dict[tuple, Tensor] = {}
+    for (_, dtype), idx in _buckets([_local(g) for g in grads]).items():
+        norms = torch._foreach_norm([_local(grads[i]) for i in idx], 2, dtype=_norm_dtype(dtype))
+        for i, n in zip(idx, norms):
+            key = _shard_groups(grads[i])
+            sq = n.to(device).double().square()  # float64: the sum of squares loses nothing
+            total[key] = total[key] + sq if key in total else sq
+    result = torch.zeros((), dtype=torch.float64, device=device)
+    for key, sq in total.items():
+        for group in key:
+            dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
+        result = result + sq
+    wide = functools.reduce(torch.promote_types, (_norm_dtype(g.dtype) for g in grads))
+    return result.sqrt().to(wide)
 
 
 def _clip_factor(norm: Tensor, max_norm: float) -> Tensor:
@@ -79,8 +144,8 @@ def clip_grad_norm_(params: Iterable[Tensor], max_norm: float) -> Tensor:
     norm = global_grad_norm(grads)
     if max_norm > 0 and grads:
         factor = _clip_factor(norm, max_norm)
-        for (dev, _), idx in _buckets(grads).items():
-            torch._foreach_mul_([grads[i] for i in idx], factor.to(dev))
+        for (dev, _), idx in _buckets([_local(g) for g in grads]).items():
+            torch._foreach_mul_([_local(grads[i]) for i in idx], factor.to(dev))
     return norm
 
 
@@ -139,6 +204,13 @@ class Lamb(torch.optim.Optimizer):
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state
 
+    def init_state(self) -> None:
+        """Create every parameter's state now (zero moments, step 0), as the first step would;
+        loaders of sharded checkpoints fill a complete state in place."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._init_state(p)
+
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's loader, plus: step counters go back to the CPU whatever ``map_location`` the
         checkpoint was read with, so bias corrections never sync with the device."""
@@ -182,7 +254,7 @@ class Lamb(torch.optim.Optimizer):
             if not params:
                 continue
             states = [self._init_state(p) for p in params]
-            for (dev, _), idx in _buckets(params).items():
+            for (dev, _), idx in _buckets([_local(p) for p in params]).items():
                 self._update_bucket(
                     group,
                     [params[i] for i in idx],
@@ -200,11 +272,14 @@ class Lamb(torch.optim.Optimizer):
         states: list[dict],
         clip: Optional[Tensor],
     ) -> None:
-        """LAMB update for tensors that share one device and dtype (``clip`` is 0-d or None)."""
+        """LAMB update for tensors that share one device and dtype (``clip`` is 0-d or None).
+        DTensors are updated through their local shards (see the module docstring)."""
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        exp_avgs = [s["exp_avg"] for s in states]
-        exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+        groups = [_shard_groups(p) for p in params]  # all () for plain tensors
+        params, grads = [_local(p) for p in params], [_local(g) for g in grads]
+        exp_avgs = [_local(s["exp_avg"]) for s in states]
+        exp_avg_sqs = [_local(s["exp_avg_sq"]) for s in states]
         steps = [s["step"] for s in states]
         torch._foreach_add_(steps, 1.0)
         # Steps can differ between tensors of a group (a tensor may have missed steps without a
@@ -234,8 +309,12 @@ class Lamb(torch.optim.Optimizer):
             return
         torch._foreach_add_(update, params, alpha=wd)
         norm_dtype = _norm_dtype(params[0].dtype)
-        w_norm = torch.stack(torch._foreach_norm(params, 2, dtype=norm_dtype))  # (n,)
-        u_norm = torch.stack(torch._foreach_norm(update, 2, dtype=norm_dtype))  # (n,)
+        if any(groups):  # shards: both norms of every tensor in one all-reduce per group set
+            both = _full_norms([*params, *update], norm_dtype, groups + groups)  # (2n,)
+            w_norm, u_norm = both[: len(params)], both[len(params):]
+        else:
+            w_norm = torch.stack(torch._foreach_norm(params, 2, dtype=norm_dtype))  # (n,)
+            u_norm = torch.stack(torch._foreach_norm(update, 2, dtype=norm_dtype))  # (n,)
         # A zero weight (fresh bias-like tensor) or a zero update would give 0 or inf: use 1.
         trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
         scale = (trust * -lr).to(params[0].dtype)                                 # (n,)

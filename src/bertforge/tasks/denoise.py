@@ -24,6 +24,7 @@ from bertforge.data.masking import normalize_special_ids, sample_rng
 from bertforge.data.noising import NoiseSpec, NoiseVocab, noise
 from bertforge.data.seq2seq import collate_seq2seq, truncate_framed
 from bertforge.errors import ConfigError
+from bertforge.models.unpad import layout_from_batch
 from bertforge.tasks.pretrain import PretrainTask, instantiate
 from bertforge.train.data import PretrainData
 from bertforge.train.distributed import DistInfo
@@ -78,8 +79,8 @@ def seq2seq_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -
     labels = batch["labels"]
     scored = labels.ne(IGNORE_INDEX)                  # (B, T)
     logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                   decoder_input_ids=batch["decoder_input_ids"],
-                   target_positions=scored).logits.float()  # (N, V)
+                   decoder_input_ids=batch["decoder_input_ids"], target_positions=scored,
+                   layout=layout_from_batch(batch)).logits.float()  # (N, V)
     target = labels[scored]
     loss = F.cross_entropy(logits, target, label_smoothing=label_smoothing)
     stats = {"loss": loss.detach(),

@@ -18,6 +18,7 @@ from torch import nn
 from bertforge.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens, to_device
 from bertforge.config import PretrainConfig
 from bertforge.errors import ConfigError
+from bertforge.models.unpad import layout_from_batch
 from bertforge.train.data import MakeBatch, PretrainData, open_pretrain_data
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import batch_train_flops
@@ -29,14 +30,24 @@ log = logging.getLogger(__name__)
 
 
 def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
-    """MLM cross-entropy at the masked positions only (+ NSP/SOP when the batch has labels)."""
+    """MLM cross-entropy at the masked positions only (+ NSP/SOP when the batch has labels).
+
+    The loader's batches say where the predicted tokens are (``mlm_positions``) and carry
+    their ``TokenLayout``, so this loss and the model need no host-device sync; a batch without
+    them (e.g. made by hand) costs the syncs of finding them.
+    """
     labels = batch["mlm_labels"]
-    masked = labels.ne(IGNORE_INDEX)               # (B, S)
+    masked = batch.get("mlm_positions")            # (N,) flat positions, row-major
+    if masked is None:
+        masked = labels.ne(IGNORE_INDEX)           # (B, S)
+        target = labels[masked]
+    else:
+        target = labels.reshape(-1)[masked]        # (N,) in the head's order
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"], masked_positions=masked)
+                token_type_ids=batch["token_type_ids"], masked_positions=masked,
+                position_ids=batch.get("position_ids"), layout=layout_from_batch(batch))
     logits = getattr(out, "mlm_logits", None)
     logits = (out.logits if logits is None else logits).float()   # (N, V), N = masked tokens
-    target = labels[masked]                        # (N,) row-major, as the head's positions
     mlm_loss = F.cross_entropy(logits, target)
     stats = {"mlm_loss": mlm_loss.detach(),
              "mlm_acc": (logits.detach().argmax(-1) == target).float().mean()}
@@ -48,7 +59,8 @@ def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
         loss = loss + nsp_loss
         stats["nsp_loss"] = nsp_loss.detach()
     stats["loss"] = loss.detach()
-    return LossOutput(loss, stats, sequences=int(labels.shape[0]), tokens=real_tokens(batch))
+    return LossOutput(loss, stats, sequences=int(batch["nsp_labels"].shape[0]),
+                      tokens=real_tokens(batch))
 
 
 @torch.no_grad()
@@ -157,7 +169,8 @@ class PretrainTask:
 
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return batch_train_flops(model.config, batch["attention_mask"],
-                                 batch["mlm_labels"].ne(IGNORE_INDEX).sum(1), self.data.has_pairs)
+                                 batch["mlm_labels"].ne(IGNORE_INDEX), self.data.has_pairs,
+                                 layout_from_batch(batch))
 
     def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
         return validation  # the final checkpoint is the product

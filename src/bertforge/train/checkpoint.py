@@ -5,7 +5,9 @@ Layout of ``{output_dir}/checkpoint-{step}/``::
     config.json, model.safetensors, tokenizer files   the model (written by the caller's write_fn)
     training_state/
         meta.json               step, phase, world size, time, library versions (written last)
-        optimizer.pt            optimizer.state_dict()
+        optimizer.pt            optimizer.state_dict() (unsharded runs: DDP or one process)
+        optimizer_sharded/      the optimizer state of an FSDP run (train.fsdp), one file per rank,
+                                written by torch.distributed.checkpoint (.metadata, __{r}_0.distcp)
         scheduler.pt            scheduler.state_dict()
         scaler.pt               GradScaler.state_dict() (only with fp16 loss scaling)
         config.json             the resolved run configuration
@@ -24,6 +26,10 @@ renamed to
 leaves either the old set of checkpoints or the new one, plus at most a ``.tmp-*`` directory that
 readers ignore and the next save removes. Rank 0 is the only writer: the loop gathers the other
 ranks' RNG and data states (:func:`gather_to_rank0`) so one directory holds every rank's position.
+The one exception is a sharded optimizer state: every rank writes its shard into the temporary
+directory rank 0 created (:meth:`CheckpointManager.start`), before rank 0 publishes it.
+Sharded or not, the optimizer state can be read into either layout (:func:`restore_optimizer`),
+so a run can switch between DDP and FSDP at a resume.
 
 Integrity: ``checksums.sha256`` and ``meta.json``'s list of files let ``bertforge.train.resume``
 verify a checkpoint before anything is loaded from it. A failed write (a full disk) publishes
@@ -59,6 +65,7 @@ TMP_PREFIX = ".tmp-"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 _RNG_RE = re.compile(r"^rng_rank(\d+)\.pt$")
 _DATA_RE = re.compile(r"^data_rank(\d+)\.json$")
+SHARDED_OPTIMIZER = "optimizer_sharded"  # directory in training_state/ of an FSDP run
 FORMAT_VERSION = 2  # 2: checksums.sha256 and meta["files"]
 
 
@@ -100,25 +107,41 @@ class CheckpointManager:
         self.output_dir = Path(output_dir)
         self.keep = int(keep)
 
-    def save(self, step: int, write_fn: Callable[[Path], None]) -> Path:
-        """Run ``write_fn(tmp_dir)`` (model files + ``training_state/``), then publish the result
-        as ``checkpoint-{step}`` and prune old checkpoints. Returns the checkpoint's path.
-
-        If ``write_fn`` raises, the temporary directory is removed, nothing is published and the
-        exception propagates. Saving a step that already exists replaces it.
-        """
-        if int(step) != step or step < 0:
-            raise ValueError(f"checkpoint step must be a non-negative integer, got {step!r}")
-        step = int(step)
+    def start(self, step: int) -> Path:
+        """Create (and return) the temporary directory a save of ``step`` will publish, for files
+        written by several ranks before :meth:`save` (``tmp=``) finishes it; :meth:`discard` it
+        if they fail. Writer only: it removes leftovers of interrupted saves."""
+        step = _check_step(step)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.cleanup_incomplete()
         # Not tempfile.mkdtemp: it creates mode 0700, and the published checkpoint should get
         # the user's normal permissions so other tools and users can read it.
         tmp = self.output_dir / f"{TMP_PREFIX}checkpoint-{step}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        return tmp
+
+    @staticmethod
+    def discard(tmp: Path) -> None:
+        """Remove a temporary directory from :meth:`start` that will not be published."""
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def save(self, step: int, write_fn: Callable[[Path], None], tmp: Path | None = None) -> Path:
+        """Run ``write_fn(tmp_dir)`` (model files + ``training_state/``), then publish the result
+        as ``checkpoint-{step}`` and prune old checkpoints. Returns the checkpoint's path.
+        ``tmp``: a directory from :meth:`start` that already holds files of other ranks.
+
+        If ``write_fn`` raises, the temporary directory is removed, nothing is published and the
+        exception propagates. Saving a step that already exists replaces it.
+        """
+        step = _check_step(step)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if tmp is None:
+            self.cleanup_incomplete()
+            tmp = self.output_dir / f"{TMP_PREFIX}checkpoint-{step}-{uuid.uuid4().hex[:8]}"
         final = self.output_dir / f"checkpoint-{step}"
         old = final.with_name(f"{TMP_PREFIX}replaced-{final.name}-{uuid.uuid4().hex[:8]}")
         try:
-            tmp.mkdir()
+            tmp.mkdir(exist_ok=True)
             write_fn(tmp)
             _fsync_tree(tmp)
             write_checksums(tmp, _files(tmp))
@@ -193,6 +216,12 @@ class CheckpointManager:
             _remove_dir(path)
 
 
+def _check_step(step: int) -> int:
+    if int(step) != step or step < 0:
+        raise ValueError(f"checkpoint step must be a non-negative integer, got {step!r}")
+    return int(step)
+
+
 def checkpoint_step(path: Path) -> int:
     """Step of a checkpoint: ``training_state/meta.json`` if readable, else the directory name."""
     try:
@@ -226,13 +255,14 @@ class TrainingState:
 
     step: int
     phase: Any
-    optimizer: dict
+    optimizer: Optional[dict]            # None when the state is sharded (see sharded_optimizer)
     scheduler: Optional[dict]
     scaler: Optional[dict]
     data_state: dict[int, dict]          # rank -> data-loader state
     rng_states: dict[int, dict]          # rank -> bertforge.train.rng state
     config: dict
     meta: dict = field(default_factory=dict)
+    sharded_optimizer: Optional[Path] = None  # training_state/optimizer_sharded of an FSDP run
 
 
 def _per_rank(name: str, value: Mapping) -> dict[int, Any]:
@@ -245,7 +275,7 @@ def _per_rank(name: str, value: Mapping) -> dict[int, Any]:
 def save_training_state(
     directory: str | os.PathLike,
     *,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optional[torch.optim.Optimizer],
     scheduler: Any,
     scaler: Any,
     step: int,
@@ -256,7 +286,8 @@ def save_training_state(
 ) -> Path:
     """Write ``directory/training_state/`` (layout in the module docstring) and return its path.
 
-    ``scheduler`` and ``scaler`` may be None (a disabled GradScaler is skipped too).
+    ``scheduler`` and ``scaler`` may be None (a disabled GradScaler is skipped too), and so may
+    ``optimizer`` when every rank has already written its shard with :func:`save_sharded_optimizer`.
     ``data_state`` and ``rng_states`` map each rank to its state; data states must be
     JSON-serializable (JSON turns integer keys into strings). ``config`` is written as JSON with
     non-JSON values (paths, enums) turned into strings.
@@ -266,7 +297,8 @@ def save_training_state(
     out = Path(directory) / TRAINING_STATE
     out.mkdir(parents=True, exist_ok=True)
     with_scaler = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
-    _save_pt(optimizer.state_dict(), out / "optimizer.pt")
+    if optimizer is not None:
+        _save_pt(optimizer.state_dict(), out / "optimizer.pt")
     if scheduler is not None:
         _save_pt(scheduler.state_dict(), out / "scheduler.pt")
     if with_scaler:
@@ -286,7 +318,8 @@ def save_training_state(
         "step": int(step),
         "phase": phase,
         "world_size": max(len(rng_states), len(data_state)),
-        "files": sorted(p.name for p in out.iterdir()),  # what a resume must find
+        # What a resume must find ('/'-separated below training_state/: the sharded optimizer)
+        "files": _files(out),
         "time": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
         "unix_time": now,
         "versions": {"bertforge": bertforge.__version__, "torch": torch.__version__,
@@ -384,16 +417,22 @@ def load_training_state(directory: str | os.PathLike, map_location: Any = "cpu")
             rng_states[int(m.group(1))] = _load_pt(path, "cpu")
         elif m := _DATA_RE.match(path.name):
             data_state[int(m.group(1))] = load_json(path)
+    sharded = ts / SHARDED_OPTIMIZER
+    if not (ts / "optimizer.pt").is_file() and not (sharded / ".metadata").is_file():
+        raise CheckpointError(f"{ts}: neither optimizer.pt nor {SHARDED_OPTIMIZER}/.metadata "
+                              "is there; the checkpoint is damaged. Resume from an older "
+                              "checkpoint or with resume=none.")
     return TrainingState(
         step=int(meta["step"]),
         phase=meta.get("phase"),
-        optimizer=_load_pt(ts / "optimizer.pt", map_location),
+        optimizer=optional_pt("optimizer.pt"),
         scheduler=optional_pt("scheduler.pt"),
         scaler=optional_pt("scaler.pt"),
         data_state=data_state,
         rng_states=rng_states,
         config=load_json(ts / "config.json"),
         meta=meta,
+        sharded_optimizer=None if (ts / "optimizer.pt").is_file() else sharded,
     )
 
 
@@ -407,3 +446,82 @@ def gather_to_rank0(obj: Any) -> Optional[dict[int, Any]]:
     gathered: Optional[list[Any]] = [None] * world if rank == 0 else None
     dist.gather_object(obj, gathered, dst=0)
     return dict(enumerate(gathered)) if gathered is not None else None
+
+
+# --------------------------------------------------------------------------- sharded optimizer
+
+def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           directory: Path) -> None:
+    """Every rank writes its shard of the optimizer state of an FSDP ``model`` into
+    ``directory`` (torch.distributed.checkpoint: keys are parameter names, so the state reads
+    back into any number of ranks, sharded or not). A collective: every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+
+
+def restore_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      state: TrainingState, sharded: bool) -> None:
+    """Load ``state``'s optimizer state into ``optimizer`` whichever layout saved it and
+    whichever this run has (``sharded``: ``model`` is FSDP-sharded). An unsharded state into an
+    unsharded run is plain ``load_state_dict``; the other three cases go through parameter
+    names (torch.distributed.checkpoint.state_dict). A collective when ``sharded`` or when the
+    state is sharded: every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+
+    if state.optimizer is not None and not sharded:
+        optimizer.load_state_dict(state.optimizer)
+        return
+    _init_optimizer_state(optimizer)
+    if state.optimizer is not None:  # optimizer.pt of a DDP or one-process run, into shards
+        named = _by_name(model, optimizer, state.optimizer)
+        set_optimizer_state_dict(model, optimizer, named,
+                                 options=StateDictOptions(full_state_dict=True))
+        return
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    directory = state.sharded_optimizer
+    assert directory is not None
+    template = get_optimizer_state_dict(model, optimizer)  # this run's layout, filled in place
+    try:
+        # Partial: a parameter that never had a gradient has no saved state; it keeps zeros.
+        dcp.load(template, storage_reader=dcp.FileSystemReader(directory),
+                 planner=DefaultLoadPlanner(allow_partial_load=True))
+    except Exception as exc:  # noqa: BLE001 (torch wraps every rank's failure in its own type)
+        raise CheckpointError(f"{directory}: the sharded optimizer state cannot be read "
+                              f"({_first_line(exc)}); the checkpoint is damaged. Resume from an "
+                              "older checkpoint or with resume=none.") from exc
+    set_optimizer_state_dict(model, optimizer, template)
+
+
+def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the state of every parameter before a load into it. Without this, torch creates
+    it with a zero-gradient step at lr=0 (see torch.distributed.checkpoint.state_dict)."""
+    init = getattr(optimizer, "init_state", None)
+    if init is not None and not optimizer.state:
+        init()
+
+
+def _by_name(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> dict:
+    """``optimizer.state_dict()`` of an unsharded run (parameters as indices, in the order of
+    the optimizer's groups) keyed by parameter names, as torch's sharded loaders expect."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved_ids = [i for group in saved.get("param_groups", []) for i in group["params"]]
+    if len(saved_ids) != len(order):
+        raise CheckpointError(f"the saved optimizer state covers {len(saved_ids)} parameters, "
+                              f"this model has {len(order)}; it is not this model's checkpoint")
+    name_of = dict(zip(saved_ids, order))
+    return {"state": {name_of[i]: s for i, s in saved["state"].items()},
+            "param_groups": [{**g, "params": [name_of[i] for i in g["params"]]}
+                             for g in saved["param_groups"]]}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:240] + "...") if len(text) > 240 else (text or type(exc).__name__)

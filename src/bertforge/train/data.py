@@ -92,6 +92,11 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo,
     # get_static first: hdf5's `lengths` is lazy and decompresses every shard.
     if hasattr(dataset, "get_static") or not hasattr(dataset, "lengths"):
         kw["bin_by_length"] = False  # static hdf5 shards are read in file order; no bins
+    if cfg.data.pack_sequences:
+        if make_batch is not None:
+            raise ConfigError(f"data.pack_sequences packs BERT's masked-LM batches, but the data "
+                              f"at {path} is {manifest.get('objective')} data; leave it off")
+        kw["pack_width"] = manifest.get("max_seq_length") or dataset.max_seq_length
     maker = {} if make_batch is None else {"make_batch": make_batch(dataset, tokenizer)}
     train = PretrainingLoader(dataset, **{**defaults, **kw, **maker,
                                           "global_batch_size": cfg.train.global_batch_size,

@@ -1,7 +1,8 @@
 """torch.distributed set-up for torchrun (one node or many) and plain single-process runs.
 
 The model knows nothing of this: ``init_distributed`` reads torchrun's environment, and
-``wrap_ddp`` applies DDP from outside. NCCL on GPUs, gloo on CPU.
+``wrap_ddp`` applies DDP from outside, or ``shard_model`` FSDP2 (``train.fsdp``: every transformer
+layer, then the root, sharded with ``fully_shard``). NCCL on GPUs, gloo on CPU.
 
 A rank that stops answering (stopped, hung, its node gone) must not hang the others for long:
 every collective waits at most the process group's timeout (``train.dist_timeout_s``), then
@@ -13,11 +14,13 @@ raises; :func:`collective_failure` turns that into one error line per rank. Work
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import re
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager, TypeVar
+from typing import Callable, ContextManager, Iterable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -25,6 +28,7 @@ from torch import nn
 
 from bertforge.errors import CollectiveTimeout, RunError, UserError
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 GLOO_TIMEOUT_S = 300.0   # CPU runs: a few minutes is long enough for any collective we issue
 NCCL_TIMEOUT_S = 600.0   # torch's own NCCL default; a big checkpoint save waits at a barrier
@@ -76,11 +80,62 @@ def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
+def shard_model(model: nn.Module, info: DistInfo) -> bool:
+    """Shard ``model`` in place with FSDP2: each of ``model.transformer_layers()`` is its own
+    unit (its parameters gathered just for its forward and backward), the root holds the rest
+    (embeddings, heads, so tied weights stay in one unit). True if it sharded; in one process
+    there is nothing to shard and the model is left as it is.
+
+    Call before building the optimizer: parameters become DTensors (new Parameter objects).
+    """
+    if not info.distributed:
+        log.warning("train.fsdp: one process, nothing to shard; training unsharded")
+        return False
+    from torch.distributed.fsdp import fully_shard
+
+    layers = model.transformer_layers() if hasattr(model, "transformer_layers") else []
+    if not layers:
+        raise UserError(f"train.fsdp: {type(model).__name__} has no transformer layers to "
+                        "shard (no transformer_layers()); use train.fsdp=false (DDP)")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    # FSDP2 warns once per forward that an output is a view (an in-place op on it would skip
+    # its backward hook). Our losses only read the outputs (cross-entropy, argmax).
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",
+                            category=UserWarning)
+    return True
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True for a model :func:`shard_model` sharded (also under torch.compile's wrapper)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
+
+
 def no_sync(model: nn.Module, sync: bool) -> ContextManager:
-    """Skip DDP's gradient all-reduce on every micro-step but the last of an accumulation."""
+    """Skip the gradient reduction on every micro-step but the last of an accumulation.
+
+    DDP: its ``no_sync()`` context (read in forward). FSDP2 reads its flag in backward, which
+    runs after this context has closed, so the flag is set here and stays set: the last
+    micro-step of every step turns it back on.
+    """
+    inner = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    if hasattr(inner, "set_requires_gradient_sync"):  # an FSDP2 module
+        inner.set_requires_gradient_sync(sync)
+        return nullcontext()
     if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
         return nullcontext()
     return model.no_sync()
+
+
+def local_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``named`` with each DTensor replaced by this rank's shard (for per-rank checks)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, t in named:
+        yield name, (t.to_local() if isinstance(t, DTensor) else t)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -167,3 +222,21 @@ def collective_failure(exc: BaseException, info: DistInfo) -> CollectiveTimeout 
         f"{info.timeout_s:g} s "
         f"(train.dist_timeout_s) and failed ({said}). Checkpoints written so far are intact; "
         "once every rank is running again, restart the same command to resume")
+
+
+def gather_full_model(model: nn.Module) -> nn.Module | None:
+    """An unsharded CPU copy of the FSDP-sharded ``model`` on rank 0 (None on the others), to
+    save as a Hugging Face directory: the model's own class (not FSDP's subclass), the full
+    weights gathered from every rank. A collective: every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import FSDPModule
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+    if dist.get_rank() != 0:
+        return None
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    with torch.device("meta"):  # no memory and no init: every tensor is assigned below
+        twin = cls(model.config)
+    twin.load_state_dict(full, assign=True)
+    return twin

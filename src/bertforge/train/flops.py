@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from bertforge.models.unpad import TokenLayout
+
 # Dense bf16/fp16 tensor-core peak (no sparsity), per GPU, in FLOP/s; TF32 for fp32.
 _PEAK = {
     "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
@@ -44,12 +46,24 @@ def bert_train_flops(*, layers: int, hidden: int, intermediate: int, vocab: int,
 
 
 def batch_train_flops(config, attention_mask: torch.Tensor,
-                      predictions: torch.Tensor | None = None, nsp: bool = False) -> float:
+                      predicted: torch.Tensor | None = None, nsp: bool = False,
+                      layout: TokenLayout | None = None) -> float:
     """Training FLOPs of one micro-batch from its CPU tensors (no device sync): one sequence per
-    row of ``attention_mask`` ((B, S), or (B, C, S) for multiple choice: B*C sequences) at its
-    real length, with ``predictions`` (per row) MLM positions (none without)."""
-    lengths = attention_mask.reshape(-1, attention_mask.shape[-1]).sum(-1).tolist()
-    preds = [0] * len(lengths) if predictions is None else predictions.tolist()
+    row of ``attention_mask`` ((B, S), or (B, C, S) for multiple choice: B*C sequences), or per
+    sequence of ``layout`` (packed rows), at its real length, with the True entries of
+    ``predicted`` (same shape as the mask) as its MLM positions (none without)."""
+    if layout is None:
+        lengths = attention_mask.reshape(-1, attention_mask.shape[-1]).sum(-1).tolist()
+        preds = ([0] * len(lengths) if predicted is None else
+                 predicted.reshape(-1, predicted.shape[-1]).sum(-1).tolist())
+    else:
+        lengths = layout.lengths().tolist()
+        preds = [0] * len(lengths)
+        if predicted is not None:
+            per_token = predicted.reshape(-1)[layout.indices].long()
+            sequence = layout.sequence_of_token()
+            preds = torch.zeros(len(lengths), dtype=torch.long).index_add_(
+                0, sequence, per_token).tolist()
     return sum(bert_train_flops(layers=config.num_hidden_layers, hidden=config.hidden_size,
                                 intermediate=config.intermediate_size,
                                 vocab=config.padded_vocab_size, seq_len=s, predictions=p, nsp=nsp)

@@ -112,7 +112,8 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
 
     Checks the ``COMPLETE`` marker, every file listed in ``checksums.sha256`` (present, same
     SHA-256: this reads every byte once), and the files ``training_state/meta.json`` says must
-    exist (optimizer, schedule, config, each rank's RNG and data position, the loss scaler).
+    exist (optimizer, or every shard of a sharded one, schedule, config, each rank's RNG and data
+    position, the loss scaler).
     Checkpoints from before checksums (format 1) get the file checks and a warning.
     """
     path = Path(path)

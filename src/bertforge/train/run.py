@@ -21,19 +21,22 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from bertforge.config import RunConfig, run_defining_keys, save_config, to_dict
-from bertforge.errors import ConfigError, RunError, TrainingDiverged
+from bertforge.config import (FinetuneConfig, RunConfig, run_defining_keys, save_config,
+                              to_dict)
+from bertforge.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
 from bertforge.io import ensure_writable_dir
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.optim.param_groups import needs_external_clipping
 from bertforge.signals import Stopped, raise_on_stop
 from bertforge.tasks.base import Task
 from bertforge.train import benchmark as bench
-from bertforge.train.checkpoint import (TRAINING_STATE, CheckpointManager, CheckpointWriteError,
-                                        checkpoint_step, gather_to_rank0, load_training_state,
-                                        save_training_state)
+from bertforge.train.checkpoint import (SHARDED_OPTIMIZER, TRAINING_STATE, CheckpointManager,
+                                        CheckpointWriteError, checkpoint_step, gather_to_rank0,
+                                        load_training_state, restore_optimizer,
+                                        save_sharded_optimizer, save_training_state)
 from bertforge.train.distributed import (DistInfo, any_rank, barrier, cleanup,
-                                         collective_failure, init_distributed, on_rank0, wrap_ddp)
+                                         collective_failure, gather_full_model, init_distributed,
+                                         local_tensors, on_rank0, shard_model, wrap_ddp)
 from bertforge.train.guards import nonfinite_summary, optimizer_tensors, refuse_nonfinite
 from bertforge.train.loop import Hooks, LoopConfig, Trainer
 from bertforge.train.precision import build_precision
@@ -122,11 +125,21 @@ class _Setup:
         if not benchmark:  # before the model is built: a run must be able to save what it computes
             ensure_writable_dir(out, "output_dir")
         self.manager = CheckpointManager(out, keep=cfg.checkpoint.keep)
+        if cfg.train.fsdp and info.distributed and isinstance(cfg, FinetuneConfig):
+            # Fine-tuning tasks write their model from rank 0 alone (task.finish).
+            raise ConfigError("train.fsdp=true is supported for pretraining only (bertforge "
+                              "pretrain); fine-tune with train.fsdp=false (DDP)")
         self.resume_from = None if benchmark else on_rank0(lambda: resolve_resume(cfg.resume, out))
         self.max_steps = total_steps(cfg, task)
         self.model = model = task.build_model(self.resume_from)
         if cfg.train.gradient_checkpointing:
             model.set_gradient_checkpointing(True)
+        model.set_unpadding(cfg.train.unpad, cfg.train.attention_backend)
+        if cfg.train.compile or (cfg.train.compile is None and info.device.type == "cuda"):
+            model.compile_layers()  # before sharding: FSDP's hooks stay outside the graphs
+        # FSDP2 replaces the parameters with sharded ones (DTensors), so it comes before the
+        # optimizer is built over them; DDP wraps the model at the end instead.
+        self.sharded = bool(cfg.train.fsdp) and shard_model(model, info)
         # Weights are initialised from the same seed on every rank (DDP also broadcasts them);
         # from here on each rank draws its own dropout masks, as rank-seeded generators.
         torch.manual_seed(cfg.train.seed + info.rank)
@@ -145,8 +158,7 @@ class _Setup:
                 f"{out} already holds {newest.name}, ahead of this run's start (step "
                 f"{self.start_step}); continue that run with resume=auto, or write this one to "
                 "a new output_dir")
-        wrapped: nn.Module = torch.compile(model) if cfg.train.compile else model
-        self.wrapped = wrap_ddp(wrapped, info)
+        self.wrapped = model if self.sharded else wrap_ddp(model, info)
         self.loop_cfg = LoopConfig(
             max_steps=self.max_steps, accumulation=task.train.accumulation_steps,
             log_every=cfg.train.log_every, checkpoint_every=cfg.checkpoint.every,
@@ -160,9 +172,20 @@ class _Setup:
         assert source is not None
         state = load_training_state(source, map_location=info.device)
         check_resume_compatible(state.config, cfg, source, task.init_key)
-        self.optimizer.load_state_dict(state.optimizer)
-        refuse_nonfinite(optimizer_tensors(self.optimizer),
-                         source / TRAINING_STATE / "optimizer.pt", source)
+        restore_optimizer(self.model, self.optimizer, state, self.sharded)
+        where = source / TRAINING_STATE / ("optimizer.pt" if state.optimizer is not None
+                                           else SHARDED_OPTIMIZER)
+        if not self.sharded:
+            refuse_nonfinite(optimizer_tensors(self.optimizer), where, source)
+        else:  # each rank checks its shard; all stop if any finds a problem
+            problem: CheckpointError | None = None
+            try:
+                refuse_nonfinite(local_tensors(optimizer_tensors(self.optimizer)), where, source)
+            except CheckpointError as exc:
+                problem = exc
+            if any_rank(problem is not None, info.device):
+                raise problem or CheckpointError(f"{where} holds non-finite values (found by "
+                                                 "another rank); resume from an older checkpoint")
         self.scheduler.load_state_dict(state.scheduler)
         if self.precision.scaler is not None and state.scaler:
             self.precision.scaler.load_state_dict(state.scaler)
@@ -245,24 +268,30 @@ def _checkpointer(task: Task, cfg: RunConfig, info: DistInfo, s: _Setup, logger:
 
     def save_checkpoint(step: int) -> None:
         # Every rank holds the same weights and optimizer state, so every rank reaches the same
-        # verdict here without talking to the others.
-        problem = nonfinite_summary(chain(model.named_parameters(), optimizer_tensors(optimizer)))
+        # verdict here without talking to the others; sharded, each checks its shard and they agree.
+        named = chain(model.named_parameters(), optimizer_tensors(optimizer))
+        problem = nonfinite_summary(local_tensors(named) if s.sharded else named)
+        if s.sharded and any_rank(problem is not None, info.device):
+            problem = problem or "non-finite values (found by another rank)"
         if problem:
             raise TrainingDiverged(
                 f"at step {step} the weights or optimizer state hold {problem}; refusing to "
                 "save them (lower optim.lr or check the data before resuming)")
         data_states = gather_to_rank0(task.train.state_dict())
         rng_states = gather_to_rank0(capture_rng_state())
+        full, tmp = (_write_shards(s, info, step) if s.sharded else (model, None))
         failure: CheckpointWriteError | None = None
         if info.is_main:
+            assert full is not None
+
             def write(tmp: Path) -> None:
-                model.save_pretrained(tmp, tokenizer=task.tokenizer)
+                full.save_pretrained(tmp, tokenizer=task.tokenizer)
                 save_training_state(
-                    tmp, optimizer=optimizer, scheduler=s.scheduler,
+                    tmp, optimizer=None if s.sharded else optimizer, scheduler=s.scheduler,
                     scaler=s.precision.scaler, step=step, phase=getattr(cfg, "phase", 1),
                     data_state=data_states, rng_states=rng_states, config=to_dict(cfg))
             try:
-                saved.append(s.manager.save(step, write))
+                saved.append(s.manager.save(step, write, tmp=tmp))
                 logger.write(f"saved {saved[-1]}")
             except CheckpointWriteError as exc:
                 failure = exc
@@ -272,6 +301,40 @@ def _checkpointer(task: Task, cfg: RunConfig, info: DistInfo, s: _Setup, logger:
                                       "message); checkpoints written before it are intact")
 
     return save_checkpoint
+
+
+def _write_shards(s: _Setup, info: DistInfo, step: int) -> tuple[nn.Module | None, Path | None]:
+    """The sharded part of an FSDP checkpoint, on every rank: the full weights gathered to rank
+    0 (returned there as an unsharded model) and each rank's optimizer shard written into the
+    temporary directory rank 0 created (returned everywhere). Nothing is published here."""
+    full = gather_full_model(s.model)
+
+    def start() -> Path:
+        try:
+            return s.manager.start(step)
+        except OSError as exc:
+            raise CheckpointWriteError(f"cannot create a directory for checkpoint-{step} in "
+                                       f"{s.manager.output_dir} ({exc}); checkpoints written "
+                                       "before it are intact") from exc
+
+    tmp = on_rank0(start)
+    where = tmp / TRAINING_STATE / SHARDED_OPTIMIZER
+    failure: CheckpointWriteError | None = None
+    try:
+        save_sharded_optimizer(s.model, s.optimizer, where)
+    except Exception as exc:  # noqa: BLE001 (torch wraps every rank's OSError in its own type)
+        failure = CheckpointWriteError(
+            f"rank {info.rank} could not write its optimizer shard into checkpoint-{step}/"
+            f"{TRAINING_STATE}/{SHARDED_OPTIMIZER} ({' '.join(str(exc).split())[:240]}); nothing "
+            "of it was published and checkpoints written before it are intact. Free space (or "
+            "fix the file system), then run the same command to resume")
+    if any_rank(failure is not None, info.device):
+        if info.is_main:
+            s.manager.discard(tmp)
+        raise failure or RunError(f"another rank could not write its optimizer shard of "
+                                  f"checkpoint-{step} (see its message); checkpoints written "
+                                  "before it are intact")
+    return full, tmp
 
 
 def _summary(task: Task, s: _Setup, result, validation: dict, elapsed: float,

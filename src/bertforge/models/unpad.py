@@ -1,0 +1,210 @@
+"""Unpadded (variable-length) execution: where a batch's real tokens are, and attention over them.
+
+A padded batch is (B, S) with ``attention_mask`` 1 at real tokens. Unpadding removes the padding
+once, at the encoder's entry: every layer then runs on the (T, H) tensor of the T real tokens,
+so no matmul, LayerNorm or activation is spent on padding. Attention is the one operation that
+must know where sequences begin and end; :class:`TokenLayout` says so with ``cu_seqlens`` (the
+offsets of the N sequences in the T tokens), the convention of flash-attention's varlen kernels.
+
+A row may also hold several sequences (packing, ``bertforge.data.packing``): ``position_ids``
+then restart at 0 where each sequence begins, and attention stays inside each sequence
+(block-diagonal), in the unpadded path by construction and in the padded path by a mask
+(:func:`packed_keep_mask`).
+
+Varlen attention backends (:func:`varlen_attention`), best first:
+
+* ``flash``: ``flash_attn.flash_attn_varlen_func`` (the flash-attn package, CUDA, fp16/bf16);
+* ``nested``: PyTorch SDPA on a nested (jagged) tensor, which uses fused varlen kernels on CUDA;
+* ``padded``: the tokens scattered into a (N, max_seqlen) padded buffer per *sequence*, SDPA with
+  a key-padding mask, gathered back. Always available; the fastest on CPU, where SDPA on nested
+  tensors falls back to a per-sequence loop (measured ~10x slower, docs/performance.md).
+
+Host-device syncs: :func:`token_layout` needs three (the number of real tokens, of sequences and
+the longest length) when it runs on a GPU tensor; the pretraining loader computes the layout on
+the CPU instead and ships it in the batch (:func:`layout_from_batch`), so the model's step then
+needs none.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from bertforge.limits import ATTENTION_BACKENDS as BACKENDS
+
+# Batch keys of a layout computed by the loader (contracts.md, "micro-batch").
+LAYOUT_KEYS = ("token_indices", "cu_seqlens", "max_seqlen")
+
+
+@dataclass
+class TokenLayout:
+    """The real tokens of a (B, S) batch, in row-major order, grouped into N sequences."""
+
+    indices: torch.Tensor
+    """(T,) int64 flat positions ``row * S + column`` of the real tokens, ascending."""
+    cu_seqlens: torch.Tensor
+    """(N + 1,) int32: sequence n is tokens ``cu_seqlens[n]`` .. ``cu_seqlens[n + 1] - 1``."""
+    max_seqlen: int
+    """Length of the longest sequence (a host int: kernels size their grids with it)."""
+    shape: tuple[int, int]
+    """(B, S) of the padded batch."""
+    positions: torch.Tensor
+    """(T,) int64 position id of every real token (its column, or the batch's ``position_ids``)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.indices.shape[0]
+
+    @property
+    def num_sequences(self) -> int:
+        return self.cu_seqlens.shape[0] - 1
+
+    def starts(self) -> torch.Tensor:
+        """(N,) int64 index (into the T tokens) of each sequence's first token."""
+        return self.cu_seqlens[:-1].long()
+
+    def lengths(self) -> torch.Tensor:
+        """(N,) int64 tokens per sequence."""
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
+
+    def sequence_of_token(self) -> torch.Tensor:
+        """(T,) int64 sequence number of every token (no sync: the output size is known)."""
+        n = torch.arange(self.num_sequences, device=self.indices.device)
+        return torch.repeat_interleave(n, self.lengths(), output_size=self.num_tokens)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S, ...) -> (T, ...): the real tokens' entries."""
+        return x.flatten(0, 1)[self.indices]
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, ...) -> (B, S, ...) with zeros at padding (differentiable)."""
+        b, s = self.shape
+        out = x.new_zeros((b * s, *x.shape[1:]))
+        return out.index_copy(0, self.indices, x).view(b, s, *x.shape[1:])
+
+    def to(self, device: torch.device) -> TokenLayout:
+        return TokenLayout(self.indices.to(device, non_blocking=True),
+                           self.cu_seqlens.to(device, non_blocking=True), self.max_seqlen,
+                           self.shape, self.positions.to(device, non_blocking=True))
+
+
+def token_layout(attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None) -> TokenLayout:
+    """The layout of a (B, S) padding mask (nonzero = real token).
+
+    A sequence starts at the first real token of every row and, when ``position_ids`` (B, S) are
+    given (packed rows), also wherever a real token has position 0. Without ``position_ids`` a
+    token's position is its column, as in the padded model.
+    """
+    b, s = attention_mask.shape
+    flat = attention_mask.reshape(-1) != 0
+    indices = flat.nonzero().squeeze(1)                        # sync on a GPU: T
+    t = indices.shape[0]
+    rows = torch.div(indices, s, rounding_mode="floor")
+    begins = torch.ones(t, dtype=torch.bool, device=indices.device)
+    begins[1:] = rows[1:] != rows[:-1]
+    if position_ids is None:
+        positions = indices - rows * s
+    else:
+        positions = position_ids.reshape(-1)[indices].long()
+        begins |= positions == 0
+    starts = begins.nonzero().squeeze(1)                       # sync on a GPU: N
+    cu = torch.cat([starts, starts.new_tensor([t])]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max()) if t else 0       # sync on a GPU
+    return TokenLayout(indices, cu, longest, (b, s), positions)
+
+
+def layout_from_batch(batch: Mapping) -> TokenLayout | None:
+    """The layout the loader computed for this batch (``LAYOUT_KEYS``), on the batch's device
+    (``max_seqlen`` stays on the host: ``bertforge.batch.HOST_KEYS``), or None when the batch
+    carries none."""
+    if "cu_seqlens" not in batch:
+        return None
+    ids = batch["input_ids"]
+    indices = batch["token_indices"]
+    s = ids.shape[-1]
+    if "position_ids" in batch:
+        positions = batch["position_ids"].reshape(-1)[indices]
+    else:
+        positions = indices % s
+    return TokenLayout(indices, batch["cu_seqlens"], int(batch["max_seqlen"]),
+                       (ids.shape[0], s), positions)
+
+
+def layout_batch_entries(attention_mask: torch.Tensor,
+                         position_ids: torch.Tensor | None = None) -> dict:
+    """``LAYOUT_KEYS`` for a CPU batch (the loader's side of :func:`layout_from_batch`)."""
+    layout = token_layout(attention_mask, position_ids)
+    return {"token_indices": layout.indices, "cu_seqlens": layout.cu_seqlens,
+            "max_seqlen": torch.tensor(layout.max_seqlen)}
+
+
+def packed_keep_mask(layout: TokenLayout) -> torch.Tensor:
+    """(B, 1, S, S) bool for the padded path on packed rows: a token attends to the tokens of
+    its own sequence only (block-diagonal); padding queries attend to themselves (finite, unused)."""
+    b, s = layout.shape
+    seq = torch.full((b * s,), -1, dtype=torch.long, device=layout.indices.device)
+    seq = seq.index_copy(0, layout.indices, layout.sequence_of_token()).view(b, s)
+    keep = (seq[:, :, None] == seq[:, None, :]) & (seq[:, None, :] >= 0)
+    keep |= torch.eye(s, dtype=torch.bool, device=seq.device)
+    return keep[:, None]
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_varlen():
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The backend ``auto`` means on ``device`` for ``dtype``; a named one is checked."""
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend {name!r} is not one of {', '.join(BACKENDS)}")
+    half = dtype in (torch.float16, torch.bfloat16)
+    if name == "flash" and (_flash_varlen() is None or device.type != "cuda" or not half):
+        raise ValueError("the flash backend needs the flash-attn package, a CUDA device and "
+                         "fp16/bf16 activations; use backend auto")
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "flash" if half and _flash_varlen() is not None else "nested"
+    return "padded"
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+                     dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
+    """Bidirectional attention within each sequence: q, k, v (T, heads, head_dim) -> same shape."""
+    backend = resolve_backend(backend, q.device, q.dtype)
+    if backend == "flash":
+        cu = layout.cu_seqlens
+        return _flash_varlen()(q, k, v, cu, cu, layout.max_seqlen, layout.max_seqlen,
+                               dropout_p=dropout_p)
+    if backend == "nested":
+        offsets = layout.cu_seqlens.long()
+
+        def nest(x: torch.Tensor) -> torch.Tensor:  # (T, h, d) -> (N, h, j, d)
+            return torch.nested.nested_tensor_from_jagged(
+                x, offsets=offsets, max_seqlen=layout.max_seqlen).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(nest(q), nest(k), nest(v), dropout_p=dropout_p)
+        return out.transpose(1, 2).values()
+    # padded: one row per sequence (not per batch row), so packed rows stay block-diagonal
+    n, longest = layout.num_sequences, layout.max_seqlen
+    seq = layout.sequence_of_token()
+    slot = seq * longest + (torch.arange(layout.num_tokens, device=q.device)
+                            - layout.cu_seqlens.long()[seq])
+
+    def spread(x: torch.Tensor) -> torch.Tensor:  # (T, h, d) -> (N, h, L, d)
+        buf = x.new_zeros((n * longest, *x.shape[1:])).index_copy(0, slot, x)
+        return buf.view(n, longest, *x.shape[1:]).transpose(1, 2)
+
+    keep = torch.arange(longest, device=q.device)[None, :] < layout.lengths()[:, None]
+    out = F.scaled_dot_product_attention(spread(q), spread(k), spread(v),
+                                         attn_mask=keep[:, None, None, :], dropout_p=dropout_p)
+    return out.transpose(1, 2).reshape(n * longest, *q.shape[1:])[slot]

@@ -1,0 +1,273 @@
+"""Unpadding and packing change where the work happens, never the result.
+
+* unpadded == padded: outputs at real tokens and every gradient, fp32, BERT (post-LN and pre-LN,
+  with and without a pooler, MLM at bool or flat positions) and BART's encoder, through each
+  varlen backend that runs on a CPU (``padded`` and PyTorch's ``nested``);
+* packed == separate: the same samples packed several per row give the losses and gradients of
+  the same samples one per row, on the unpadded path and on the padded path (block-diagonal
+  mask), with position ids restarting per sequence;
+* the layout the loader ships equals the one the model computes, and first fit decreasing packs
+  every sequence exactly once within the row width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.data.loader import collate_rows
+from bertforge.data.packing import first_fit_decreasing, packing_efficiency
+from bertforge.models import BertConfig, BertForMaskedLM, BertForPreTraining
+from bertforge.models.bart import BartForConditionalGeneration
+from bertforge.models.bart_config import BartConfig
+from bertforge.models.unpad import (TokenLayout, layout_from_batch, packed_keep_mask,
+                                    token_layout, varlen_attention)
+from bertforge.tasks.pretrain import pretraining_loss
+
+CPU_BACKENDS = ("padded", "nested")
+TOL = dict(atol=2e-5, rtol=1e-4)
+
+
+def bert_config(**kw) -> BertConfig:
+    base = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0)
+    return BertConfig(**{**base, **kw})
+
+
+def padded_batch(lengths: list[int], width: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    b = len(lengths)
+    ids = torch.randint(5, 97, (b, width), generator=g)
+    mask = torch.zeros(b, width, dtype=torch.long)
+    types = torch.zeros(b, width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+        types[i, n // 2:n] = 1
+    ids[mask == 0] = 0
+    predicted = (torch.rand(b, width, generator=g) < 0.3) & mask.bool()
+    predicted[:, 0] = True  # every row predicts something; padding never
+    predicted &= mask.bool()
+    labels = torch.where(predicted, torch.randint(5, 97, (b, width), generator=g), -100)
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
+            "mlm_labels": labels, "nsp_labels": torch.randint(0, 2, (b,), generator=g)}
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_grads_close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and a
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], **TOL, msg=name)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("pre_layernorm", [False, True])
+def test_unpadded_bert_equals_padded_outputs_and_gradients(backend, pre_layernorm) -> None:
+    torch.manual_seed(0)
+    model = BertForPreTraining(bert_config(pre_layernorm=pre_layernorm))
+    batch = padded_batch([23, 7, 40, 1, 16], width=40)
+    runs = []
+    for unpad in (False, True):
+        model.zero_grad()
+        model.set_unpadding(unpad, backend)
+        out = pretraining_loss(model, batch)
+        out.loss.backward()
+        runs.append((out.loss.detach(), out.stats, grads(model)))
+    (loss_a, stats_a, grads_a), (loss_b, stats_b, grads_b) = runs
+    torch.testing.assert_close(loss_a, loss_b, **TOL)
+    assert stats_a.keys() == stats_b.keys()
+    assert_grads_close(grads_a, grads_b)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_unpadded_hidden_states_equal_at_real_tokens_and_are_zero_at_padding(backend) -> None:
+    torch.manual_seed(1)
+    model = BertForPreTraining(bert_config()).eval()
+    batch = padded_batch([12, 30, 5], width=32)
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    padded = model.bert(*args)
+    model.set_unpadding(True, backend)
+    unpadded = model.bert(*args)
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(unpadded.last_hidden_state[real], padded.last_hidden_state[real],
+                               **TOL)
+    assert (unpadded.last_hidden_state[~real] == 0).all()
+    torch.testing.assert_close(unpadded.pooler_output, padded.pooler_output, **TOL)
+    # MLM logits at bool positions and at the same flat positions agree with the padded model
+    positions = batch["mlm_labels"] != -100
+    flat = positions.reshape(-1).nonzero().squeeze(1)
+    model.set_unpadding(False)
+    ref = model(*args, masked_positions=positions).mlm_logits
+    model.set_unpadding(True, backend)
+    torch.testing.assert_close(model(*args, masked_positions=positions).mlm_logits, ref, **TOL)
+    torch.testing.assert_close(model(*args, masked_positions=flat).mlm_logits, ref, **TOL)
+
+
+def test_unpadded_masked_lm_without_pooler_and_with_gradient_checkpointing() -> None:
+    torch.manual_seed(2)
+    model = BertForMaskedLM(bert_config(hidden_dropout_prob=0.1))
+    batch = padded_batch([9, 33, 17, 2], width=40)
+    runs = []
+    for unpad in (False, True):
+        model.zero_grad()
+        model.set_unpadding(unpad)
+        model.set_gradient_checkpointing(unpad)
+        torch.manual_seed(5)  # dropout draws differ with the layout: compare in eval mode
+        model.eval()
+        out = pretraining_loss(model, batch)
+        out.loss.backward()
+        runs.append((out.loss.detach(), grads(model)))
+    torch.testing.assert_close(runs[0][0], runs[1][0], **TOL)
+    assert_grads_close(runs[0][1], runs[1][1])
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_unpadded_bart_encoder_equals_padded(normalize_before) -> None:
+    torch.manual_seed(3)
+    cfg = BartConfig(vocab_size=120, d_model=32, encoder_layers=2, decoder_layers=2,
+                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                     decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0,
+                     attention_dropout=0.0, activation_dropout=0.0,
+                     normalize_before=normalize_before)
+    model = BartForConditionalGeneration(cfg)
+    b, s = 4, 24
+    ids = torch.randint(4, 120, (b, s))
+    mask = torch.ones(b, s, dtype=torch.long)
+    for i, n in enumerate((24, 6, 17, 11)):
+        mask[i, n:] = 0
+    ids[mask == 0] = cfg.pad_token_id
+    decoder = torch.randint(4, 120, (b, 10))
+    runs = []
+    for backend in (None, *CPU_BACKENDS):
+        model.zero_grad()
+        model.set_unpadding(backend is not None, backend or "auto")
+        out = model(ids, mask, decoder)
+        out.logits.square().mean().backward()
+        encoded = out.encoder_last_hidden_state
+        runs.append((out.logits.detach(), encoded.detach(), grads(model)))
+    logits, encoded, ref_grads = runs[0]
+    real = mask.bool()
+    for other_logits, other_encoded, other_grads in runs[1:]:
+        torch.testing.assert_close(other_logits, logits, **TOL)
+        torch.testing.assert_close(other_encoded[real], encoded[real], **TOL)
+        assert (other_encoded[~real] == 0).all()
+        assert_grads_close(other_grads, ref_grads)
+
+
+def test_token_layout_of_padded_and_packed_rows() -> None:
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1], [1, 1, 1, 1]])
+    layout = token_layout(mask)
+    assert layout.indices.tolist() == [0, 1, 2, 5, 6, 7, 8, 9, 10, 11]
+    assert layout.cu_seqlens.tolist() == [0, 3, 6, 10] and layout.max_seqlen == 4
+    # left padding keeps column positions, as the padded model does
+    assert layout.positions.tolist() == [0, 1, 2, 1, 2, 3, 0, 1, 2, 3]
+    positions = torch.tensor([[0, 1, 0, 0], [0, 0, 1, 2], [0, 1, 0, 1]])
+    packed = token_layout(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]), positions)
+    assert packed.cu_seqlens.tolist() == [0, 2, 3, 4, 7, 9, 11] and packed.max_seqlen == 3
+    assert packed.sequence_of_token().tolist() == [0, 0, 1, 2, 3, 3, 3, 4, 4, 5, 5]
+    keep = packed_keep_mask(packed)[:, 0]
+    assert keep[0].tolist() == [[True, True, False, False], [True, True, False, False],
+                                [False, False, True, False], [False, False, False, True]]
+
+
+def test_varlen_backends_equal_attention_per_sequence() -> None:
+    torch.manual_seed(4)
+    lengths = [7, 1, 12, 5]
+    mask = torch.zeros(len(lengths), 12, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    layout = token_layout(mask)
+    q, k, v = (torch.randn(sum(lengths), 2, 8) for _ in range(3))
+    want = []
+    for a, b in zip(layout.cu_seqlens[:-1].tolist(), layout.cu_seqlens[1:].tolist()):
+        heads = [x[a:b].transpose(0, 1)[None] for x in (q, k, v)]
+        want.append(torch.nn.functional.scaled_dot_product_attention(*heads)[0].transpose(0, 1))
+    want = torch.cat(want)
+    for backend in CPU_BACKENDS:
+        torch.testing.assert_close(varlen_attention(q, k, v, layout, backend=backend), want,
+                                   **TOL)
+    with pytest.raises(ValueError, match="flash backend needs"):
+        varlen_attention(q, k, v, layout, backend="flash")
+    with pytest.raises(ValueError, match="not one of"):
+        varlen_attention(q, k, v, layout, backend="fast")
+
+
+def masked_rows(lengths: list[int], seed: int = 0) -> list[tuple]:
+    """Rows as the loader masks them: (ids, types, labels, nsp)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in lengths:
+        ids = rng.integers(5, 97, n)
+        types = (np.arange(n) >= n // 2).astype(np.int64)
+        labels = np.where(rng.random(n) < 0.3, rng.integers(5, 97, n), -100)
+        labels[min(1, n - 1)] = 7
+        rows.append((ids, types, labels, int(rng.integers(0, 2))))
+    return rows
+
+
+@pytest.mark.parametrize("unpad", [True, False])
+def test_packed_rows_train_like_separate_rows(unpad) -> None:
+    torch.manual_seed(6)
+    model = BertForPreTraining(bert_config())
+    model.set_unpadding(unpad)
+    lengths = [30, 3, 12, 25, 8, 18, 5, 40, 2]
+    rows = masked_rows(lengths)
+    separate = collate_rows(rows, pad_id=0, pad_to_multiple_of=8)
+    packed = collate_rows(rows, pad_id=0, pad_to_multiple_of=8, pack_width=40)
+    assert packed["input_ids"].shape[0] < len(rows) and packed["input_ids"].shape[1] == 40
+    assert packed["attention_mask"].sum() == sum(lengths)
+    runs = []
+    for batch in (separate, packed):
+        model.zero_grad()
+        out = pretraining_loss(model, batch)
+        out.loss.backward()
+        assert out.sequences == len(rows)
+        runs.append((out.stats, grads(model)))
+    for key in runs[0][0]:
+        torch.testing.assert_close(runs[1][0][key], runs[0][0][key], **TOL, msg=key)
+    assert_grads_close(runs[1][1], runs[0][1])
+
+
+def test_packed_batch_layout_and_positions() -> None:
+    rows = masked_rows([5, 3, 4, 6])
+    batch = collate_rows(rows, pad_id=0, pad_to_multiple_of=8, pack_width=8)
+    # first fit decreasing, longest first: 6 opens row 0, 5 opens row 1 (6 + 5 > 8), 4 opens
+    # row 2 (no room in rows 0 and 1), 3 joins row 1: rows (6), (5, 3), (4)
+    assert batch["attention_mask"].sum(1).tolist() == [6, 8, 4]
+    assert batch["position_ids"].tolist()[1] == [0, 1, 2, 3, 4, 0, 1, 2]
+    # nsp labels follow the sequences' row-major order: samples 3, 0, 1, 2
+    assert batch["nsp_labels"].tolist() == [rows[i][3] for i in (3, 0, 1, 2)]
+    shipped = layout_from_batch(batch)
+    computed = token_layout(batch["attention_mask"], batch["position_ids"])
+    for name in ("indices", "cu_seqlens", "positions"):
+        assert torch.equal(getattr(shipped, name), getattr(computed, name)), name
+    assert shipped.max_seqlen == computed.max_seqlen == 6
+    assert shipped.shape == computed.shape == (3, 8)
+
+
+def test_first_fit_decreasing_places_every_sequence_once() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 129, 500)
+    rows = first_fit_decreasing(lengths, 128)
+    placed = sorted(i for row in rows for i in row)
+    assert placed == list(range(500))
+    assert all(lengths[row].sum() <= 128 for row in rows)
+    assert rows == first_fit_decreasing(lengths, 128)  # deterministic
+    # a lower bound on rows is total / width; first fit decreasing stays close to it
+    assert len(rows) <= 1.1 * lengths.sum() / 128 + 1
+    assert 0.9 < packing_efficiency(lengths, 128) <= 1.0
+    with pytest.raises(ValueError, match="does not fit in rows of 16"):
+        first_fit_decreasing([3, 17], 16)
+
+
+def test_layout_moves_with_the_batch() -> None:
+    layout = token_layout(torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    moved = layout.to(torch.device("cpu"))
+    assert isinstance(moved, TokenLayout) and torch.equal(moved.indices, layout.indices)
+    x = torch.arange(3 * 2, dtype=torch.float32).view(3, 2)
+    assert layout.pad(x).tolist() == [[[0, 1], [2, 3], [0, 0]], [[4, 5], [0, 0], [0, 0]]]
+    assert torch.equal(layout.unpad(layout.pad(x)), x)
