@@ -116,3 +116,21 @@ def test_checkpoints_carry_across_world_sizes(tiny, tiny_args, tiny_config, sing
     torchrun(run_args(tiny, tiny_args, grow), child_env, grow)
     assert_weights_close(grow / f"checkpoint-{STEPS}", single / f"checkpoint-{STEPS}")
     assert_lines_close(run_metrics(grow), [r for r in run_metrics(single) if r["step"] > 2])
+
+
+@pytest.mark.slow
+def test_compiled_layers_under_ddp_train_like_one_eager_process(tiny, tiny_args, single: Path,
+                                                                 child_env, run_metrics,
+                                                                 tmp_path: Path) -> None:
+    """train.compile=true (regional, inductor) with DDP and the unpadded encoder: the same
+    weights as the eager single process, within a compiled kernel's rounding."""
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("inductor needs a C++ compiler on the CPU")
+    torchrun(run_args(tiny, tiny_args, tmp_path, "--train.compile=true"), child_env, tmp_path)
+    wa = load_file(tmp_path / f"checkpoint-{STEPS}" / "model.safetensors")
+    wb = load_file(single / f"checkpoint-{STEPS}" / "model.safetensors")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-5, msg=name)
+    got = [r for r in run_metrics(tmp_path) if "loss" in r]
+    want = [r for r in run_metrics(single) if "loss" in r]
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-4)

@@ -23,6 +23,7 @@ from bertforge.batch import to_device
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import peak_flops
 from bertforge.train.loop import LoopConfig, group_micro_batches, train_step
+from bertforge.train.syncs import SyncCounter, host_resident
 
 
 def _sync(device: torch.device) -> None:
@@ -62,6 +63,11 @@ def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, t
         seqs, tokens = seqs + out.sequences, tokens + out.tokens
     _sync(info.device)
     elapsed = time.perf_counter() - t0
+    # One more step, untimed, with every op that would make the host wait for the device counted.
+    group = [to_device(b, info.device) for b in next(groups)]
+    with SyncCounter(info.device, host_resident(optimizer, group)) as syncs:
+        train_step(wrapped, group, task.loss, optimizer, scheduler, precision, params,
+                   loop_cfg.clip_norm)
     totals = torch.tensor([seqs, float(tokens), flops], dtype=torch.float64)
     totals = all_reduce_sum(totals.to(info.device)).cpu()
     seqs, tokens, flops = totals.tolist()
@@ -83,6 +89,7 @@ def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, t
         "mfu": achieved / (peak * info.world_size) if peak else None,
         "mfu_note": None if peak else "peak FLOP/s unknown for this device; MFU not computed",
         "peak_memory_gib": _peak_memory_gib(info.device),
+        "host_syncs_per_step": dict(syncs.counts),
     }
     if info.is_main:
         out = Path(cfg.output_dir)

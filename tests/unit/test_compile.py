@@ -1,0 +1,79 @@
+"""Regional torch.compile (``compile_layers``): compiled == eager, no recompile per batch.
+
+Inductor on the CPU (it needs a C++ compiler; the test skips without one). Each test compiles
+one small layer graph (plus one dynamic-shape recompile), about 10-30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.data.loader import collate_rows
+from bertforge.models import BertConfig, BertForPreTraining
+from bertforge.tasks.pretrain import pretraining_loss
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                 reason="inductor needs a C++ compiler on the CPU")]
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def batches(widths: list[int], seed: int = 0) -> list[dict]:
+    """Micro-batches of 6 sequences with the longest of ``widths[i]`` tokens each: every batch a
+    new shape, unpadded token counts and padded widths alike."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for width in widths:
+        lengths = [width, *rng.integers(4, width, 5)]
+        rows = []
+        for n in lengths:
+            labels = np.where(rng.random(n) < 0.2, rng.integers(5, 300, n), -100)
+            labels[1] = 7
+            rows.append((rng.integers(5, 300, n), (np.arange(n) >= n // 2).astype(np.int64),
+                         labels, int(rng.integers(0, 2))))
+        out.append(collate_rows(rows, pad_id=0, pad_to_multiple_of=8))
+    return out
+
+
+def losses_and_grads(model: torch.nn.Module, data: list[dict]) -> list[tuple]:
+    out = []
+    for batch in data:
+        model.zero_grad()
+        loss = pretraining_loss(model, batch).loss
+        loss.backward()
+        out.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    return out
+
+
+@pytest.mark.parametrize("unpad", [True, False])
+def test_compiled_layers_equal_eager_without_a_recompile_per_batch(unpad) -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    eager = BertForPreTraining(config)
+    eager.set_unpadding(unpad)
+    compiled = BertForPreTraining(config)
+    compiled.load_state_dict(eager.state_dict())
+    compiled.set_unpadding(unpad)
+    compiled.set_gradient_checkpointing(True)  # compiled layers run under checkpointing too
+    compiled.compile_layers()
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # names unchanged
+
+    data = batches([40, 17, 63, 25, 52])
+    for (loss_a, grads_a), (loss_b, grads_b) in zip(losses_and_grads(eager, data),
+                                                    losses_and_grads(compiled, data)):
+        torch.testing.assert_close(loss_b, loss_a, **TOL)
+        for name in grads_a:
+            torch.testing.assert_close(grads_b[name], grads_a[name], **TOL, msg=name)
+    # One graph for the first shape, one dynamic-shape graph after the first change; five
+    # batch shapes later there is still no third.
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
