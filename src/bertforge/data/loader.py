@@ -109,8 +109,7 @@ def collate_rows(rows: Sequence[Row], *, pad_id: int, pad_to_multiple_of: int,
     types = np.zeros((b, s), dtype=np.int64)
     labels = np.full((b, s), IGNORE_INDEX, dtype=np.int64)
     positions = np.zeros((b, s), dtype=np.int64)
-    nsp = np.empty(len(rows), dtype=np.int64)
-    k = 0
+    nsp = []  # one per sequence, in the order of their first tokens
     for r, members in enumerate(placement):  # loops over samples, not tokens
         start = 0
         for i in members:
@@ -121,10 +120,10 @@ def collate_rows(rows: Sequence[Row], *, pad_id: int, pad_to_multiple_of: int,
             types[r, start:end] = tt
             labels[r, start:end] = lab
             positions[r, start:end] = np.arange(len(ids))
-            nsp[k] = IGNORE_INDEX if ns < 0 else ns
-            start, k = end, k + 1
+            nsp.append(IGNORE_INDEX if ns < 0 else ns)
+            start = end
     arrays = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": types,
-              "mlm_labels": labels, "nsp_labels": nsp,
+              "mlm_labels": labels, "nsp_labels": np.array(nsp, dtype=np.int64),
               "mlm_positions": np.flatnonzero(labels.reshape(-1) != IGNORE_INDEX)}
     if pack_width is not None:
         arrays["position_ids"] = positions

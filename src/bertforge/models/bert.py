@@ -288,11 +288,10 @@ class BertModel(BertPreTrainedModel):
         the loader computed it (saves the model from finding it, and the syncs that costs).
         """
         packed = position_ids is not None
-        if (self.unpad or packed) and layout is None:
+        # Without padding and packing there is nothing to remove: the padded path does the work.
+        if layout is None and (packed or (self.unpad and attention_mask is not None)):
             mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-            if self.unpad and attention_mask is None and not packed:
-                mask = None  # nothing to remove: the padded path is the same work
-            layout = None if mask is None else token_layout(mask, position_ids)
+            layout = token_layout(mask, position_ids)
         if self.unpad and layout is not None:
             self.embeddings.check_length(layout.shape[1])
             types = None if token_type_ids is None else layout.unpad(token_type_ids)
