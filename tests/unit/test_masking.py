@@ -133,6 +133,62 @@ def test_whole_word_budget_is_filled_by_smaller_words() -> None:
         assert big.sum() in (0, 5)
 
 
+
+def _reference_whole_word_positions(tokens, candidate, is_continuation, num_to_predict, rng):
+    """The greedy fill as first written: a Python loop over every word after the first miss."""
+    cont = is_continuation[tokens] & candidate
+    is_start = candidate & ~(cont & np.concatenate(([False], candidate[:-1])))
+    cand_pos = np.flatnonzero(candidate)
+    word_of = np.cumsum(is_start[cand_pos]) - 1
+    n_words = int(is_start.sum())
+    lengths = np.bincount(word_of, minlength=n_words)
+    order = rng.permutation(n_words)
+    fits = np.cumsum(lengths[order]) <= num_to_predict
+    n_prefix = int(np.argmin(fits)) if not fits.all() else len(order)
+    chosen = list(order[:n_prefix])
+    budget = num_to_predict - int(lengths[order[:n_prefix]].sum())
+    for w in order[n_prefix + 1:]:
+        if budget == 0:
+            break
+        if lengths[w] <= budget:
+            chosen.append(w)
+            budget -= int(lengths[w])
+    chosen_words = np.zeros(n_words, dtype=bool)
+    chosen_words[np.asarray(chosen, dtype=np.int64)] = True
+    return cand_pos[chosen_words[word_of]]
+
+
+def test_whole_word_fill_equals_the_per_word_loop() -> None:
+    # The vectorised fill must choose exactly what the per-word loop chose (bit-identical masks).
+    # Mixes of 1..4-piece words, specials inside the body and small odd budgets make the fill
+    # run often, including the case where no remaining word fits and every word is visited.
+    from bertforge.data.masking import _whole_word_positions
+
+    is_cont = np.zeros(VOCAB, dtype=bool)
+    is_cont[500:] = True
+    gen = np.random.default_rng(7)
+    specials = np.array(sorted(SPECIALS))
+    filled = 0
+    for i in range(600):
+        n_words = int(gen.integers(1, 120))
+        pieces = gen.choice([1, 2, 3, 4], size=n_words, p=[0.3, 0.4, 0.2, 0.1] if i % 2 else
+                            [0.0, 0.7, 0.3, 0.0])
+        body = np.concatenate([np.concatenate(([gen.integers(5, 500)],
+                                               gen.integers(500, VOCAB, k - 1)))
+                               for k in pieces])
+        if i % 5 == 0:  # a special token inside splits a word's pieces from their start
+            body[gen.integers(0, len(body))] = SEP
+        tokens = np.concatenate(([CLS], body, [SEP]))
+        candidate = ~np.isin(tokens, specials)
+        budget = int(gen.integers(1, 2 * candidate.sum() + 2))
+        got = _whole_word_positions(tokens, candidate, is_cont, budget, sample_rng(9, 1, i))
+        want = _reference_whole_word_positions(tokens, candidate, is_cont, budget,
+                                               sample_rng(9, 1, i))
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+        filled += len(got) < budget
+    assert filled > 50  # the budget-not-reached path was exercised
+
 def test_masks_depend_only_on_seed_epoch_index() -> None:
     gen = np.random.default_rng(3)
     samples = [_pair(gen, 30, 30) for _ in range(20)]

@@ -102,18 +102,22 @@ def _whole_word_positions(
     shuffled_len = lengths[order]
     fits = np.cumsum(shuffled_len) <= num_to_predict
     n_prefix = int(np.argmin(fits)) if not fits.all() else len(order)
-    chosen = list(order[:n_prefix])
+    chosen = [order[:n_prefix]]
     budget = num_to_predict - int(shuffled_len[:n_prefix].sum())
-    # Greedy fill after the first word that did not fit; only words shorter than the remaining
-    # budget can qualify, so this loop is over a handful of words.
-    for w in order[n_prefix + 1 :]:
-        if budget == 0:
+    # Greedy fill after the first word that did not fit: in shuffled order, take each word that
+    # still fits. The budget only shrinks, so a word longer than it now is never taken later;
+    # dropping those first leaves the next taken word at the front. One pass per word taken
+    # (at most the budget), not per word visited.
+    rest = order[n_prefix + 1 :]
+    while budget > 0:
+        rest = rest[lengths[rest] <= budget]
+        if not len(rest):
             break
-        if lengths[w] <= budget:
-            chosen.append(w)
-            budget -= int(lengths[w])
+        chosen.append(rest[:1])
+        budget -= int(lengths[rest[0]])
+        rest = rest[1:]
     chosen_words = np.zeros(n_words, dtype=bool)
-    chosen_words[np.asarray(chosen, dtype=np.int64)] = True
+    chosen_words[np.concatenate(chosen)] = True
     return cand_pos[chosen_words[word_of]]
 
 

@@ -274,7 +274,8 @@ class _Stack(nn.Module):
             positions = self.embed_positions(input_ids.shape[1], start)
         else:
             self.embed_positions.check(layout.shape[1])
-            positions = self.embed_positions.weight[layout.positions + POSITION_OFFSET]
+            positions = self.embed_positions.weight.index_select(
+                0, layout.positions + POSITION_OFFSET)
             input_ids = layout.unpad(input_ids)
         tokens = self.embed_tokens(input_ids)
         if self.embed_scale != 1.0:

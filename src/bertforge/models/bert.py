@@ -132,9 +132,10 @@ class BertModelOutput:
                              f"positions, got {masked_positions.dtype} "
                              f"{tuple(masked_positions.shape)}")
         if self.layout is None:
-            return self._padded.flatten(0, 1)[masked_positions]
+            return self._padded.flatten(0, 1).index_select(0, masked_positions)
         # flat position -> index among the real tokens (both ascending)
-        return self.unpadded[torch.searchsorted(self.layout.indices, masked_positions)]
+        return self.unpadded.index_select(
+            0, torch.searchsorted(self.layout.indices, masked_positions))
 
 
 class BertEmbeddings(nn.Module):
@@ -297,14 +298,15 @@ class BertModel(BertPreTrainedModel):
             types = None if token_type_ids is None else layout.unpad(token_type_ids)
             hidden = self.embeddings(layout.unpad(input_ids), types, layout.positions)  # (T, H)
             hidden = self.encoder(hidden, layout)
-            first = hidden[layout.starts()]
+            first = hidden.index_select(0, layout.starts())
             pooled = self.pooler(first) if self.pooler is not None else None
             return BertModelOutput(pooler_output=pooled, unpadded=hidden, layout=layout)
         hidden = self.embeddings(input_ids, token_type_ids, position_ids)
         if packed:
             assert layout is not None
             hidden = self.encoder(hidden, packed_keep_mask(layout))
-            first = hidden.flatten(0, 1)[layout.indices[layout.starts()]]
+            starts = layout.indices.index_select(0, layout.starts())  # flat positions
+            first = hidden.flatten(0, 1).index_select(0, starts)
         else:
             hidden = self.encoder(hidden, attention_keep_mask(attention_mask))
             first = hidden[:, 0]

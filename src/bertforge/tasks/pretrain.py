@@ -42,7 +42,7 @@ def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
         masked = labels.ne(IGNORE_INDEX)           # (B, S)
         target = labels[masked]
     else:
-        target = labels.reshape(-1)[masked]        # (N,) in the head's order
+        target = labels.reshape(-1).index_select(0, masked)  # (N,) in the head's order
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
                 token_type_ids=batch["token_type_ids"], masked_positions=masked,
                 position_ids=batch.get("position_ids"), layout=layout_from_batch(batch))

@@ -60,7 +60,7 @@ def batch_train_flops(config, attention_mask: torch.Tensor,
         lengths = layout.lengths().tolist()
         preds = [0] * len(lengths)
         if predicted is not None:
-            per_token = predicted.reshape(-1)[layout.indices].long()
+            per_token = predicted.reshape(-1).index_select(0, layout.indices).long()
             sequence = layout.sequence_of_token()
             preds = torch.zeros(len(lengths), dtype=torch.long).index_add_(
                 0, sequence, per_token).tolist()
