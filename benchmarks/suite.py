@@ -1,0 +1,526 @@
+"""Every benchmark this machine can run, one command: results, a summary and the goals.
+
+    python benchmarks/suite.py                      # CPU: the CPU entries (~15-25 min on 2 quiet cores)
+    python benchmarks/suite.py --quick              # a smoke run of the same entries (~5 min)
+    python benchmarks/suite.py --device cuda        # GPU entries (the default when a GPU is seen)
+    python benchmarks/suite.py --only pretrain,bart # a selection (entry names or their prefixes)
+
+Each entry runs as a subprocess with its own ``--output`` under
+``benchmarks/results/<date>-<device>/`` (``--out-dir`` elsewhere; quick runs add ``-quick``), its
+stdout and stderr kept next to it as ``<entry>.log``. Then ``summary.json`` and ``summary.md``:
+device, date, commit, versions, one table of the headline numbers with the ratios against
+Hugging Face, and the performance goals of issue 11 with met / not met. A failing entry is
+reported with the tail of its output and the suite goes on; the exit status is 1 when any
+entry failed (2 for a wrong command line), else 0. A benchmark script that does not exist
+(yet) is skipped with a line saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, metadata, write_result
+
+HERE = Path(__file__).resolve().parent
+PRETRAIN_CPU_VARIANTS = ["bertforge", "hf", "bertforge-unpadded", "bertforge-packed",
+                         "bertforge-packed-padded"]
+PRETRAIN_GPU_VARIANTS = ["hf", "bertforge", "bertforge-unpadded", "bertforge-packed",
+                         "bertforge-compiled", "bertforge-unpadded-compiled",
+                         "bertforge-packed-compiled"]
+
+
+@dataclass
+class Entry:
+    """One benchmark run: a script, its arguments, and how its result file is read."""
+
+    name: str
+    script: str
+    args: list[str]
+    kind: str                        # pretrain, finetune, inference, bart, prepare, loader
+    output_flag: str = "--output"
+    note: str = ""
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+
+def cpu_entries(quick: bool) -> list[Entry]:
+    """CPU: minutes, not hours, on 2 cores; variable-length batches for the CPU goal."""
+    rounds = ["--warmup", "1", "--rounds", "2", "--steps-per-round", "1"] if quick else \
+        ["--warmup", "2", "--rounds", "5", "--steps-per-round", "2"]
+    mini_variants = PRETRAIN_CPU_VARIANTS if quick else \
+        [*PRETRAIN_CPU_VARIANTS, "bertforge-unpadded-compiled", "bertforge-packed-compiled"]
+    base = (["--batch", "4", "--num-batches", "2", "--warmup", "1", "--rounds", "1",
+             "--steps-per-round", "1", "--variants", "bertforge", "hf", "bertforge-packed"]
+            if quick else
+            ["--batch", "8", "--num-batches", "3", "--warmup", "1", "--rounds", "3",
+             "--steps-per-round", "1", "--variants", *PRETRAIN_CPU_VARIANTS])
+    entries = [
+        Entry("pretrain-bert-mini-phase1", "pretrain_bench.py",
+              ["--preset", "bert-mini", "--phase", "1", "--no-bin-by-length", *rounds,
+               "--variants", *mini_variants], "pretrain",
+              note="variable-length batches (no length binning)"),
+        Entry("pretrain-bert-base-phase1", "pretrain_bench.py",
+              ["--preset", "bert-base-uncased", "--phase", "1", "--no-bin-by-length", *base],
+              "pretrain", note="variable-length batches (no length binning)"),
+    ]
+    if not quick:
+        entries.append(Entry("pretrain-bert-mini-phase2", "pretrain_bench.py",
+                             ["--preset", "bert-mini", "--phase", "2", "--no-bin-by-length",
+                              "--batch", "8", *rounds], "pretrain",
+                             note="variable-length batches, 512-token data"))
+    entries += [
+        Entry("finetune", "finetune_bench.py",
+              ["--tasks", "mrpc", "--repeats", "2", "--steps", "2"] if quick else [],
+              "finetune", output_flag="--out"),
+        Entry("inference", "inference_bench.py", ["--quick"] if quick else [], "inference"),
+        Entry("bart", "bart_bench.py",
+              ["--rounds", "2", "--gen-texts", "2", "--batch", "4", "--layers", "2",
+               "--d-model", "64"] if quick else [], "bart"),
+        Entry("prepare", "prepare_bench.py",
+              ["--mb", "2", "--workers", "1"] if quick else ["--mb", "16", "--workers", "1", "2"],
+              "prepare"),
+        Entry("loader", "loader_bench.py", ["--quick"] if quick else [], "loader"),
+    ]
+    return entries
+
+
+def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
+    """GPU: BERT-large phases 1 and 2 in bf16 beside Hugging Face, then the other benchmarks."""
+    timing = ["--warmup", "2", "--rounds", "2", "--steps-per-round", "2"] if quick else \
+        ["--warmup", "5", "--rounds", "10", "--steps-per-round", "10"]
+    variants = ["hf", "bertforge", "bertforge-packed"] if quick else PRETRAIN_GPU_VARIANTS
+    common = ["--device", "cuda", "--precision", "bf16", "--preset", "bert-large-uncased",
+              "--num-batches", "8", *timing, "--variants", *variants]
+    entries = []
+    for phase, batch, data in ((1, args.batch_phase1, args.phase1_data),
+                               (2, args.batch_phase2, args.phase2_data)):
+        extra = ["--data", data] if data else []
+        entries.append(Entry(f"pretrain-bert-large-phase{phase}", "pretrain_bench.py",
+                             [*common, "--phase", str(phase), "--batch", str(batch), *extra],
+                             "pretrain", note=f"bf16, batch {batch}"))
+    entries += [
+        Entry("finetune", "finetune_bench.py",
+              ["--device", "cuda", "--batch", "32", "--eval-batch", "128",
+               *(["--tasks", "mrpc", "--steps", "5", "--warmup", "2", "--repeats", "2"] if quick
+                 else ["--steps", "20", "--warmup", "5", "--repeats", "5"])],
+              "finetune", output_flag="--out"),
+        Entry("inference", "inference_bench.py",
+              ["--device", "cuda", "--batch", "32", "--items", "64", "--clients", "32",
+               *(["--quick"] if quick else [])], "inference"),
+        Entry("bart-base", "bart_bench.py",
+              ["--device", "cuda", "--precision", "bf16", "--preset", "bart-base", "--batch", "64",
+               *(["--rounds", "2", "--gen-texts", "4"] if quick else ["--gen-texts", "32"])],
+              "bart"),
+    ]
+    if not quick:
+        entries.append(Entry("bart-large", "bart_bench.py",
+                             ["--device", "cuda", "--precision", "bf16", "--preset",
+                              "bart-large", "--batch", "32", "--gen-texts", "32"], "bart"))
+    entries.append(Entry("loader", "loader_bench.py", ["--quick"] if quick else [], "loader"))
+    return entries
+
+
+def select(entries: list[Entry], only: str | None) -> list[Entry]:
+    """Entries whose name equals or starts with one of the comma-separated ``only`` names."""
+    if not only:
+        return entries
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    picked = [e for e in entries if any(e.name == w or e.name.startswith(w) for w in wanted)]
+    unknown = [w for w in wanted if not any(e.name == w or e.name.startswith(w) for e in entries)]
+    if unknown or not picked:
+        names = ", ".join(e.name for e in entries)
+        raise SystemExit(f"error: --only {only}: no entry named {', '.join(unknown) or only} "
+                         f"on this device; entries: {names}")
+    return picked
+
+
+def run_entry(entry: Entry, out_dir: Path, timeout: float | None) -> None:
+    """Run one benchmark in a subprocess; record status, seconds, result file and output tail."""
+    script = HERE / entry.script
+    result = out_dir / f"{entry.name}.json"
+    log = out_dir / f"{entry.name}.log"
+    cmd = [sys.executable, str(script), *entry.args, entry.output_flag, str(result)]
+    entry.outcome = {"command": " ".join(["python", f"benchmarks/{entry.script}", *entry.args,
+                                          entry.output_flag, str(result)]),
+                     "note": entry.note, "result_file": str(result), "log": str(log)}
+    if not script.is_file():
+        entry.outcome.update(status="skipped", reason=f"benchmarks/{entry.script} does not exist "
+                                                      "in this checkout")
+        print(f"[suite] {entry.name}: SKIPPED (benchmarks/{entry.script} not found)", flush=True)
+        return
+    print(f"[suite] {entry.name}: {entry.outcome['command']}", flush=True)
+    t0 = time.perf_counter()
+    with log.open("w", encoding="utf-8") as f:
+        try:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                                  cwd=HERE.parent)
+            code: int | str = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = f"timeout after {timeout:.0f} s"
+    seconds = time.perf_counter() - t0
+    tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+    entry.outcome.update(seconds=round(seconds, 1), returncode=code)
+    if code == 0 and result.is_file():
+        entry.outcome["status"] = "ok"
+        try:
+            entry.outcome["headline"] = headline(entry.kind, json.loads(result.read_text()))
+        except Exception as e:  # a result format this suite does not know: keep the run
+            entry.outcome["headline_error"] = f"{type(e).__name__}: {e}"
+    else:
+        why = "no result file" if code == 0 else f"exit status {code}"
+        entry.outcome.update(status="failed", reason=why, output_tail="\n".join(tail))
+    print(f"[suite] {entry.name}: {entry.outcome['status']} in {seconds:.0f} s"
+          + ("" if entry.outcome["status"] == "ok" else f" ({entry.outcome['reason']}; see {log})"),
+          flush=True)
+
+
+# --- reading result files --------------------------------------------------------------------------
+
+
+def headline(kind: str, r: dict) -> dict[str, Any]:
+    """Rows (contestant, metric, bertforge, transformers, ratio) and facts from one result file."""
+    return {"pretrain": _pretrain, "finetune": _finetune, "bart": _bart,
+            "inference": _inference, "prepare": _prepare,
+            "loader": _loader}.get(kind, _generic)(r)
+
+
+def _pretrain(r: dict) -> dict[str, Any]:
+    res, ratios, s = r["results"], r.get("ratios", {}), r["settings"]
+    hf = res.get("hf", {})
+    rows = []
+    for name, v in res.items():
+        if name == "hf":
+            continue
+        rows.append({"contestant": name, "metric": "train seq/s", "bertforge": v["seq_per_s"],
+                     "transformers": hf.get("seq_per_s"),
+                     "ratio": ratios.get(f"{name}/hf_median_of_rounds"),
+                     "tokens_per_s": v["tokens_per_s"], "model_tflops_per_s": v["model_tflops_per_s"],
+                     "mfu": v.get("mfu"), "mfu_full_length": v.get("mfu_full_length"),
+                     "compile_seconds": v.get("compile_seconds")})
+    best = max((row for row in rows if not row["contestant"].startswith(("bertforge-dense",))),
+               key=lambda row: row["bertforge"], default=None)
+    lengths = s.get("batches", {}).get("real_tokens_per_seq", {})
+    return {"rows": rows, "best": best, "hf": hf, "device": s.get("device"),
+            "shape": f"{s.get('preset') or 'custom'}, seq {s.get('seq')}, batch {s.get('batch')}, "
+                     f"{s.get('precision')}",
+            "lengths": lengths, "bin_by_length": s.get("bin_by_length"), "seq": s.get("seq")}
+
+
+def _finetune(r: dict) -> dict[str, Any]:
+    rows = []
+    for task, t in r["tasks"].items():
+        for phase, other in (("train", "hf_trainer"), ("eval", "hf_trainer_predict")):
+            part = t.get(phase)
+            if not part:
+                continue
+            ours = "bertforge" if phase == "train" else "bertforge_predict"
+            res = part["results"]
+            rows.append({"contestant": f"{task} {phase}", "metric": "seq/s",
+                         "bertforge": res[ours]["seq_per_s"], "transformers": res[other]["seq_per_s"],
+                         "ratio": part["ratios"].get(f"{ours}/{other}_median_of_repeats")})
+    return {"rows": rows}
+
+
+def _bart(r: dict) -> dict[str, Any]:
+    t, g = r["train_step"], r["generation"]
+    return {"rows": [
+        {"contestant": "train step", "metric": "seq/s", "bertforge": t["bertforge"]["seq_per_s"],
+         "transformers": t["hf"]["seq_per_s"], "ratio": t.get("ratio_bertforge_over_hf")},
+        {"contestant": "generation (beam 4)", "metric": "texts/s",
+         "bertforge": g["bertforge"]["texts_per_s"], "transformers": g["hf"]["texts_per_s"],
+         "ratio": g.get("ratio_bertforge_over_hf")}]}
+
+
+def _inference(r: dict) -> dict[str, Any]:
+    rows = []
+    for task, t in r["predict"].items():
+        for key, ratio in t.get("ratios", {}).items():
+            if not key.startswith("bertforge_over_transformers/"):
+                continue
+            b = key.split("/", 1)[1]
+            rows.append({"contestant": f"{task} {b}", "metric": "items/s",
+                         "bertforge": t["variants"][f"bertforge/{b}"]["items_per_s"],
+                         "transformers": t["variants"][f"transformers/{b}"]["items_per_s"],
+                         "ratio": ratio.get("median_of_per_round")})
+    return {"rows": rows}
+
+
+def _prepare(r: dict) -> dict[str, Any]:
+    rows = []
+    for x in r.get("ratio_bertforge_over_hf", []):
+        runs = {(y["pipeline"]): y for y in r["runs"]
+                if y["corpus_mb"] == x["corpus_mb"] and y["workers"] == x["workers"]}
+        rows.append({"contestant": f"{x['corpus_mb']:g} MB, {x['workers']} workers",
+                     "metric": "input MB/s", "bertforge": runs.get("bertforge", {}).get("input_mb_per_s"),
+                     "transformers": runs.get("hf", {}).get("input_mb_per_s"),
+                     "ratio": x["input_mb_per_s"]})
+    return {"rows": rows}
+
+
+def _loader(r: dict) -> dict[str, Any]:
+    """Per-core loader rates and the cores one GPU needs at the goal rate (no HF counterpart)."""
+    rows = []
+    for phase, p in (r.get("results") or {}).items():
+        for cell, w in (p.get("workers_per_gpu") or {}).items():
+            if not cell.endswith("/dynamic"):  # the default recipe; the file has the rest
+                continue
+            cores = w.get("cores_per_gpu_with_handover", w.get("cores_per_gpu"))
+            rows.append({"contestant": f"{phase} {cell} ({_fmt(cores)} cores per GPU at "
+                                       f"{_fmt(p.get('goal_sequences_per_s_per_gpu'), 0)} seq/s)",
+                         "metric": "seq/s per core", "bertforge": w.get("per_core_sequences_per_s"),
+                         "transformers": None, "ratio": None})
+    return {"rows": rows} if rows else _generic(r)
+
+
+def _generic(r: dict) -> dict[str, Any]:
+    """An unknown format (e.g. a newer loader_bench): every number under a key naming a ratio."""
+    found: dict[str, Any] = {}
+
+    def walk(node: Any, path: str, depth: int) -> None:
+        if isinstance(node, dict) and depth < 4:
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else str(k), depth + 1)
+        elif isinstance(node, (int, float)) and re.search(r"ratio|speedup|_over_|/", path):
+            found[path] = node
+
+    walk(r, "", 0)
+    return {"rows": [], "ratios": dict(list(found.items())[:20])}
+
+
+# --- goals -----------------------------------------------------------------------------------------
+
+
+def _lengths(t: dict) -> str:
+    return f"mean {t.get('mean')} (min {t.get('min')}, max {t.get('max')})"
+
+
+def goals(entries: list[Entry], device_kind: str, quick: bool) -> list[dict[str, Any]]:
+    """Issue 11's performance goals, each met / not met / not measured, with the evidence."""
+    by_name = {e.name: e.outcome for e in entries}
+
+    def best(name: str) -> tuple[dict | None, str]:
+        o = by_name.get(name)
+        if o is None:
+            return None, "not run (not selected, or not an entry on this device)"
+        if o.get("status") != "ok":
+            return None, f"not measured ({o.get('status')}: {o.get('reason', '')})"
+        b = o["headline"].get("best")
+        if b is None or not o["headline"]["hf"]:
+            return None, "not measured (no bertforge variant or no hf reference in the run)"
+        return o["headline"], ""
+
+    out = []
+    caveat = " (quick run: indicative only)" if quick else ""
+    for preset in ("bert-mini", "bert-base"):
+        goal = f"CPU train step >= 2x Hugging Face on variable-length batches, {preset} shape"
+        if device_kind != "cpu":
+            out.append({"goal": goal, "status": "not measured", "evidence": "a CPU suite run"})
+            continue
+        h, why = best(f"pretrain-{preset}-phase1")
+        if h is None:
+            out.append({"goal": goal, "status": "not measured", "evidence": why})
+            continue
+        b = h["best"]
+        ratio = b["ratio"]
+        out.append({"goal": goal, "status": "met" if ratio is not None and ratio >= 2.0 else "not met",
+                    "evidence": f"{b['contestant']} {b['bertforge']:.2f} vs hf "
+                                f"{h['hf']['seq_per_s']:.2f} seq/s = {ratio}x (median of per-round "
+                                f"ratios); real tokens/seq {_lengths(h['lengths'])}{caveat}"})
+    gpu_goals = (("pretrain-bert-large-phase1", 2250.0, True,
+                  "GPU BERT-large phase 1 (seq 128) >= 2250 seq/s on one H100, bf16 (~55% MFU), "
+                  "and >= 2x Hugging Face"),
+                 ("pretrain-bert-large-phase2", 540.0, False,
+                  "GPU BERT-large phase 2 (seq 512) >= 540 seq/s on one H100, bf16"))
+    for name, target, vs_hf, goal in gpu_goals:
+        if device_kind == "cpu":
+            out.append({"goal": goal, "status": "not measured",
+                        "evidence": "GPU: not yet run (a `--device cuda` suite run)"})
+            continue
+        h, why = best(name)
+        if h is None:
+            out.append({"goal": goal, "status": "not measured", "evidence": why})
+            continue
+        b = h["best"]
+        ok = b["bertforge"] >= target and (not vs_hf or (b["ratio"] or 0) >= 2.0)
+        status = "met" if ok else "not met"
+        if "H100" not in str(h["device"]):
+            status += f" (measured on {h['device']}, not an H100)"
+        mean, seq = h["lengths"].get("mean"), h.get("seq")
+        if mean and seq and mean < 0.9 * seq:
+            # NVIDIA's rates are on near-full-length data; short sequences flatter unpadding.
+            status += (f" (indicative: the batches average {mean:.0f} of {seq} tokens; give "
+                       f"near-full-length data with --phase{name[-1]}-data to judge)")
+
+        def pct(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.1%}"
+
+        out.append({"goal": goal, "status": status,
+                    "evidence": f"{b['contestant']} {b['bertforge']:.0f} seq/s, MFU "
+                                f"{pct(b.get('mfu_full_length'))} (full-length convention; "
+                                f"{pct(b.get('mfu'))} on real tokens), hf "
+                                f"{h['hf']['seq_per_s']:.0f} seq/s, ratio {b['ratio']}x; real "
+                                f"tokens/seq {_lengths(h['lengths'])}{caveat}"})
+    return out
+
+
+# --- summary ---------------------------------------------------------------------------------------
+
+
+def _fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits if abs(x) < 1000 else 0}f}"
+    return str(x)
+
+
+def _ratio(x: Any) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def write_markdown(path: Path, summary: dict[str, Any]) -> None:
+    m, lines = summary["metadata"], []
+    lines += [f"# Benchmark suite: {summary['device']} ({summary['date']})", "",
+              f"- machine: {m['machine']['cpu']}, {m['machine']['cores']} cores, "
+              f"{m['machine']['ram_gb']} GB RAM; load average (1 min) {summary['load_start']} at "
+              f"the start, {summary['load_end']} at the end",
+              f"- commit `{m['commit']}`; Python {m['python']}; "
+              + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+              f"- command: `{m['command']}`" + (" (quick: a smoke run, not numbers to quote)"
+                                                if summary["quick"] else ""),
+              f"- {summary['seconds']:.0f} s in all; results and logs in `{summary['out_dir']}`", "",
+              "## Headline numbers", "",
+              "Ratios are bertforge / transformers, the median of per-round (per-repeat) ratios "
+              "where the benchmark has them.", "",
+              "| entry | bertforge contestant | metric | bertforge | transformers | ratio | "
+              "tokens/s | TFLOP/s | MFU (real / full-length) | compile s |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for e in summary["entries"]:
+        h = e.get("headline") or {}
+        for row in h.get("rows", []):
+            mfu = "-" if row.get("mfu") is None else \
+                f"{row['mfu']:.1%} / {row['mfu_full_length']:.1%}"
+            lines.append(f"| {e['name']} | {row['contestant']} | {row['metric']} | "
+                         f"{_fmt(row['bertforge'])} | {_fmt(row['transformers'])} | "
+                         f"{_ratio(row['ratio'])} | {_fmt(row.get('tokens_per_s'))} | "
+                         f"{_fmt(row.get('model_tflops_per_s'), 3)} | {mfu} | "
+                         f"{_fmt(row.get('compile_seconds'), 0)} |")
+        for key, value in (h.get("ratios") or {}).items():
+            lines.append(f"| {e['name']} | {key} | ratio | - | - | {_ratio(value)} | - | - | - | - |")
+    pretrain = [e for e in summary["entries"] if "lengths" in (e.get("headline") or {})]
+    if pretrain:
+        lines += ["", "Pretraining batches (real tokens per sequence, mean / min / max):", ""]
+    for e in pretrain:
+        h = e["headline"]
+        t = h["lengths"]
+        lines.append(f"- {e['name']} ({h['shape']}, {e.get('note') or ''}): "
+                     f"{t.get('mean')} / {t.get('min')} / {t.get('max')} on {h['device']}")
+    lines += ["", "## Goals (issue 11)", "", "| goal | status | evidence |", "|---|---|---|"]
+    lines += [f"| {g['goal']} | **{g['status']}** | {g['evidence']} |" for g in summary["goals"]]
+    lines += ["", "## Entries", "", "| entry | status | seconds | command |", "|---|---|---|---|"]
+    for e in summary["entries"]:
+        lines.append(f"| {e['name']} | {e['status']}"
+                     + (f" ({e['reason']})" if e.get("reason") else "")
+                     + f" | {_fmt(e.get('seconds'), 0)} | `{e['command']}` |")
+    failed = [e for e in summary["entries"] if e["status"] == "failed"]
+    for e in failed:
+        lines += ["", f"### {e['name']} failed ({e['reason']})", "", "```",
+                  e.get("output_tail", ""), "```"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def device_label(kind: str) -> str:
+    """``cpu`` or ``cuda-<gpu name>`` for the results folder."""
+    if kind == "cpu":
+        return "cpu"
+    import torch
+
+    name = torch.cuda.get_device_name(0).lower().replace("nvidia", "")
+    return "cuda-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cpu", "cuda"],
+                    help="Which entries to run (default: cuda when torch sees a GPU, else cpu).")
+    ap.add_argument("--only", help="Comma-separated entry names or prefixes (pretrain, finetune, "
+                                   "inference, bart, prepare, loader, pretrain-bert-base, ...).")
+    ap.add_argument("--quick", action="store_true", help="A smoke run: few rounds, small shapes.")
+    ap.add_argument("--batch-phase1", type=int, default=64,
+                    help="GPU BERT-large batch at seq 128 (default: 64, fits an 80 GB H100).")
+    ap.add_argument("--batch-phase2", type=int, default=16,
+                    help="GPU BERT-large batch at seq 512 (default: 16).")
+    ap.add_argument("--phase1-data", help="Prepared 128-token data for the GPU phase-1 entry "
+                                          "(default: the sample corpus).")
+    ap.add_argument("--phase2-data", help="Prepared 512-token data for the GPU phase-2 entry.")
+    ap.add_argument("--threads", type=int, help="torch CPU threads for the benchmarks that take "
+                    "--threads (pretrain, finetune, inference, bart); default: theirs (all "
+                    "cores). On a 2-core machine shared with another job, 1 gives steadier ratios.")
+    ap.add_argument("--timeout", type=float, default=3600.0,
+                    help="Seconds one entry may run before it counts as failed (default: 3600).")
+    ap.add_argument("--out-dir", help="Where results go (default: benchmarks/results/"
+                                      "<date>-<device>[-quick]/).")
+    args = ap.parse_args()
+
+    import torch
+
+    kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        print(f"error: --device cuda: torch {torch.__version__} sees no CUDA GPU; run on a GPU "
+              "machine or leave --device out", file=sys.stderr)
+        return 2
+    entries = cpu_entries(args.quick) if kind == "cpu" else gpu_entries(args.quick, args)
+    try:
+        entries = select(entries, args.only)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    date = datetime.date.today().isoformat()
+    label = device_label(kind)
+    out_dir = Path(args.out_dir) if args.out_dir else \
+        RESULTS_DIR / f"{date}-{label}{'-quick' if args.quick else ''}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = metadata()
+    if os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"[suite] warning: load average {os.getloadavg()[0]:.2f} on "
+              f"{os.cpu_count()} cores: other jobs will distort the timings", flush=True)
+    if args.threads:
+        for entry in entries:
+            if entry.kind in ("pretrain", "finetune", "inference", "bart"):
+                entry.args += ["--threads", str(args.threads)]
+    t0 = time.perf_counter()
+    for entry in entries:
+        run_entry(entry, out_dir, args.timeout)
+    summary = {
+        "device": (torch.cuda.get_device_name(0) if kind == "cuda" else
+                   f"CPU ({meta['machine']['cpu']}, {meta['machine']['cores']} cores)"),
+        "device_kind": kind, "date": meta["date"], "quick": args.quick,
+        "out_dir": str(out_dir), "seconds": round(time.perf_counter() - t0, 1),
+        "load_start": meta["machine"]["load_average_1m_at_start"],
+        "load_end": round(os.getloadavg()[0], 2), "metadata": meta,
+        "entries": [{"name": e.name, **e.outcome} for e in entries],
+        "goals": goals(entries, kind, args.quick),
+    }
+    write_result(out_dir / "summary.json", summary)
+    write_markdown(out_dir / "summary.md", summary)
+    for g in summary["goals"]:
+        print(f"[suite] goal: {g['goal']}: {g['status']}")
+    failed = [e.name for e in entries if e.outcome.get("status") == "failed"]
+    if failed:
+        print(f"[suite] FAILED: {', '.join(failed)} (see summary.md)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
