@@ -176,8 +176,8 @@ def test_token_layout_of_padded_and_packed_rows() -> None:
 
 def test_varlen_backends_equal_attention_per_sequence() -> None:
     torch.manual_seed(4)
-    lengths = [7, 1, 12, 5]
-    mask = torch.zeros(len(lengths), 12, dtype=torch.long)
+    lengths = [7, 1, 12, 5, 64, 33, 96, 40]  # several length buckets, one of full rows (64, 96)
+    mask = torch.zeros(len(lengths), 96, dtype=torch.long)
     for i, n in enumerate(lengths):
         mask[i, :n] = 1
     layout = token_layout(mask)

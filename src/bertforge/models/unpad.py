@@ -15,9 +15,11 @@ Varlen attention backends (:func:`varlen_attention`), best first:
 
 * ``flash``: ``flash_attn.flash_attn_varlen_func`` (the flash-attn package, CUDA, fp16/bf16);
 * ``nested``: PyTorch SDPA on a nested (jagged) tensor, which uses fused varlen kernels on CUDA;
-* ``padded``: the tokens scattered into a (N, max_seqlen) padded buffer per *sequence*, SDPA with
-  a key-padding mask, gathered back. Always available; the fastest on CPU, where SDPA on nested
-  tensors falls back to a per-sequence loop (measured ~10x slower, docs/performance.md).
+* ``padded``: the tokens scattered into padded rows, one per *sequence*, sequences of similar
+  length together (lengths rounded up to a multiple of ``BUCKET``, one SDPA call per width, a
+  key-padding mask where a row is not full), gathered back. Always available; the fastest on
+  CPU, where SDPA on nested tensors falls back to a per-sequence loop (measured ~10x slower,
+  docs/performance.md).
 
 Host-device syncs: :func:`token_layout` needs three (the number of real tokens, of sequences and
 the longest length) when it runs on a GPU tensor; the pretraining loader computes the layout on
@@ -28,9 +30,10 @@ needs none.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -54,6 +57,8 @@ class TokenLayout:
     """(B, S) of the padded batch."""
     positions: torch.Tensor
     """(T,) int64 position id of every real token (its column, or the batch's ``position_ids``)."""
+    buckets: list | None = field(default=None, repr=False, compare=False)
+    """The padded backend's length groups, computed on first use and shared by every layer."""
 
     @property
     def num_tokens(self) -> int:
@@ -195,17 +200,62 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
 
         out = F.scaled_dot_product_attention(nest(q), nest(k), nest(v), dropout_p=dropout_p)
         return out.transpose(1, 2).values()
-    # padded: one row per sequence (not per batch row), so packed rows stay block-diagonal
-    n, longest = layout.num_sequences, layout.max_seqlen
-    seq = layout.sequence_of_token()
-    slot = seq * longest + (torch.arange(layout.num_tokens, device=q.device)
-                            - layout.cu_seqlens.long().index_select(0, seq))
+    return _bucketed_attention(q, k, v, layout, dropout_p)
 
-    def spread(x: torch.Tensor) -> torch.Tensor:  # (T, h, d) -> (N, h, L, d)
-        buf = x.new_zeros((n * longest, *x.shape[1:])).index_copy(0, slot, x)
-        return buf.view(n, longest, *x.shape[1:]).transpose(1, 2)
 
-    keep = torch.arange(longest, device=q.device)[None, :] < layout.lengths()[:, None]
-    out = F.scaled_dot_product_attention(spread(q), spread(k), spread(v),
-                                         attn_mask=keep[:, None, None, :], dropout_p=dropout_p)
-    return out.transpose(1, 2).reshape(n * longest, *q.shape[1:]).index_select(0, slot)
+BUCKET = 32
+"""Width granularity of the padded backend: sequences padded to the next multiple of 32 tokens,
+each width its own SDPA call."""
+
+
+@dataclass
+class _Bucket:
+    rows: int             # sequences in the bucket
+    width: int            # their padded length
+    tokens: torch.Tensor  # (n,) indices into the T tokens
+    slots: torch.Tensor   # (n,) positions in the (rows * width) buffer
+    keep: torch.Tensor | None  # (rows, 1, 1, width) key mask; None when every row is full
+
+
+def _buckets(layout: TokenLayout, device: torch.device) -> list[_Bucket]:
+    """Sequences grouped by length rounded up to ``BUCKET`` (host arithmetic on the lengths: free
+    when the layout came from the loader on the CPU, one sync for a layout on a GPU)."""
+    cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
+    lengths = np.diff(cu)
+    widths = -(-lengths // BUCKET) * BUCKET
+    out = []
+    for width in np.unique(widths).tolist():  # a loop over a handful of widths
+        members = np.flatnonzero(widths == width)
+        lens = lengths[members]
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        tokens = np.repeat(cu[members], lens) + within
+        slots = np.repeat(np.arange(len(members)) * width, lens) + within
+        keep = None
+        if (lens != width).any():
+            mask = np.arange(width)[None, :] < lens[:, None]
+            keep = torch.from_numpy(mask).to(device)[:, None, None, :]
+        out.append(_Bucket(len(members), width, torch.from_numpy(tokens).to(device),
+                           torch.from_numpy(slots).to(device), keep))
+    return out
+
+
+@torch.compiler.disable  # data-dependent grouping: eager, between compiled layer regions
+def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+                        dropout_p: float) -> torch.Tensor:
+    """The ``padded`` backend: one padded row per *sequence* (so packed rows stay
+    block-diagonal), sequences of similar length batched together so that a short sequence is
+    not padded to the batch's longest."""
+    if layout.buckets is None:
+        layout.buckets = _buckets(layout, q.device)
+    out = torch.zeros_like(q)
+    for b in layout.buckets:
+        def spread(x: torch.Tensor) -> torch.Tensor:  # (T, h, d) -> (rows, h, width, d)
+            buf = x.new_zeros((b.rows * b.width, *x.shape[1:]))
+            buf = buf.index_copy(0, b.slots, x.index_select(0, b.tokens))
+            return buf.view(b.rows, b.width, *x.shape[1:]).transpose(1, 2)
+
+        context = F.scaled_dot_product_attention(spread(q), spread(k), spread(v),
+                                                 attn_mask=b.keep, dropout_p=dropout_p)
+        flat = context.transpose(1, 2).reshape(b.rows * b.width, *q.shape[1:])
+        out = out.index_copy(0, b.tokens, flat.index_select(0, b.slots))
+    return out
