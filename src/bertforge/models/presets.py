@@ -38,6 +38,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert-mini": _shape(4, 256, 4, 1024),
     "bert-small": _shape(4, 512, 8, 2048),
     "bert-medium": _shape(8, 512, 8, 2048),
+    # Short-budget pretraining (recipes/pretrain/budget-cpu.yaml): Pre-LN trains stably at higher
+    # learning rates, and dropout only slows a run that never sees its data often enough to overfit.
+    "bert-mini-preln": {**_shape(4, 256, 4, 1024), "pre_layernorm": True,
+                        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
 }
 
 
