@@ -34,7 +34,9 @@ def test_presets(name, layers, hidden, heads, ffn, vocab, lower) -> None:
 
 
 def test_preset_table_is_complete_and_copies() -> None:
-    assert len(preset_names()) == len(PRESETS) == 8
+    assert len(preset_names()) == len(PRESETS) == 9
+    preln = get_preset("bert-mini-preln")
+    assert preln["pre_layernorm"] and preln["hidden_dropout_prob"] == 0.0
     get_preset("bert-tiny")["hidden_size"] = 1  # callers get copies, the table stays intact
     assert PRESETS["bert-tiny"]["hidden_size"] == 128
 

@@ -20,7 +20,7 @@ def test_lists_every_shipped_recipe() -> None:
         "debug/bart-tiny-cpu", "debug/tiny-cpu", "pretrain/bart-base-phase1",
         "pretrain/bart-base-phase2", "pretrain/bart-large-phase1", "pretrain/bart-large-phase2",
         "pretrain/bert-base-phase1", "pretrain/bert-base-phase2", "pretrain/bert-large-phase1",
-        "pretrain/bert-large-phase2"]
+        "pretrain/bert-large-phase2", "pretrain/budget-cpu"]
     finetune = list_recipes("finetune")
     assert {f"finetune/glue-{t}" for t in GLUE} | {
         "finetune/squad-v1.1-bert-large", "finetune/squad-v1.1-bert-base",
