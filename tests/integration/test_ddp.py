@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,63 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertforge.tasks.pretrain import pretrain
-
-STEPS = 4
-COMPARED = ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "grad_norm", "lr", "skipped_steps")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_args(tiny, tiny_args, out: Path, *extra: str) -> list[str]:
-    return tiny_args(out, f"--model={tiny.model_nodrop}", f"--train.max_steps={STEPS}",
-                     "--checkpoint.every=2", *extra)
-
-
-def torchrun(args: list[str], env: dict[str, str], cwd: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           "-m", "bertforge.cli", "pretrain", *args]
-    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def single(tiny, tiny_config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One process, accumulation 2 (the reference)."""
-    out = tmp_path_factory.mktemp("single")
-    cfg = tiny_config(out, f"--model={tiny.model_nodrop}", f"--train.max_steps={STEPS}",
-                      "--checkpoint.every=2")
-    assert pretrain(cfg).step == STEPS
-    return out
-
-
-@pytest.fixture(scope="module")
-def ddp(tiny, tiny_args, child_env, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two ranks, accumulation 1."""
-    out = tmp_path_factory.mktemp("ddp")
-    torchrun(run_args(tiny, tiny_args, out), child_env, out)
-    return out
-
-
-def assert_weights_close(a: Path, b: Path) -> None:
-    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert wa.keys() == wb.keys()
-    for name in wa:
-        torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6, msg=name)
-
-
-def assert_lines_close(got: list[dict], want: list[dict]) -> None:
-    got = [r for r in got if "loss" in r]
-    want = [r for r in want if "loss" in r]
-    assert [r["step"] for r in got] == [r["step"] for r in want] and got
-    for g, w in zip(got, want):
-        for key in COMPARED:
-            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7), (g["step"], key)
-
+from ranks import STEPS, assert_lines_close, assert_weights_close, run_args, torchrun
 
 def test_two_ranks_equal_one_process_with_accumulation(single: Path, ddp: Path,
                                                        run_metrics) -> None:

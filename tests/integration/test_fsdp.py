@@ -19,14 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_ddp import (
-    STEPS,
-    assert_lines_close,
-    assert_weights_close,
-    free_port,
-    run_args,
-    torchrun,
-)
+from ranks import STEPS, assert_lines_close, assert_weights_close, free_port, run_args, torchrun
 
 from bertforge.errors import CheckpointError
 from bertforge.tasks.pretrain import pretrain
@@ -34,22 +27,6 @@ from bertforge.train.checkpoint import SHARDED_OPTIMIZER
 from bertforge.train.resume import verify_checkpoint
 
 FSDP = "--train.fsdp=true"
-
-
-@pytest.fixture(scope="module")
-def single(tiny, tiny_config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("single")
-    cfg = tiny_config(out, f"--model={tiny.model_nodrop}", f"--train.max_steps={STEPS}",
-                      "--checkpoint.every=2")
-    assert pretrain(cfg).step == STEPS
-    return out
-
-
-@pytest.fixture(scope="module")
-def ddp(tiny, tiny_args, child_env, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ddp")
-    torchrun(run_args(tiny, tiny_args, out), child_env, out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -160,6 +160,8 @@ def test_packed_run_trains_like_the_unpacked_run(tmp_path: Path, tiny, tiny_conf
     got, want = ([r for r in run_metrics(runs[p]) if "loss" in r] for p in ("true", "false"))
     for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "grad_norm"):
         assert [r[key] for r in got] == pytest.approx([r[key] for r in want], rel=1e-4), key
+    # the packing efficiency is reported, and packing never fills rows worse than padding
+    assert all(0 < w["row_fill"] <= g["row_fill"] <= 1 for g, w in zip(got, want))
     wa = load_file(str(runs["true"] / "checkpoint-4" / "model.safetensors"))
     wb = load_file(str(runs["false"] / "checkpoint-4" / "model.safetensors"))
     for name in wa:

@@ -227,6 +227,10 @@ def test_packed_rows_train_like_separate_rows(unpad) -> None:
         out.loss.backward()
         assert out.sequences == len(rows)
         runs.append((out.stats, grads(model)))
+    fill = [stats.pop("row_fill") for stats, _ in runs]  # what packing changes: the row fill
+    assert float(fill[0]) == pytest.approx(sum(lengths) / (len(rows) * 40))
+    assert float(fill[1]) == pytest.approx(sum(lengths) / (packed["input_ids"].shape[0] * 40))
+    assert fill[1] > fill[0]
     for key in runs[0][0]:
         torch.testing.assert_close(runs[1][0][key], runs[0][0][key], **TOL, msg=key)
     assert_grads_close(runs[1][1], runs[0][1])

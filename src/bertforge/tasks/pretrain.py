@@ -59,6 +59,8 @@ def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
         loss = loss + nsp_loss
         stats["nsp_loss"] = nsp_loss.detach()
     stats["loss"] = loss.detach()
+    # real tokens / row slots: what padding (or packing) leaves of a padded layout's work
+    stats["row_fill"] = batch["attention_mask"].float().mean()
     return LossOutput(loss, stats, sequences=int(batch["nsp_labels"].shape[0]),
                       tokens=real_tokens(batch))
 
