@@ -275,3 +275,20 @@ def test_layout_moves_with_the_batch() -> None:
     x = torch.arange(3 * 2, dtype=torch.float32).view(3, 2)
     assert layout.pad(x).tolist() == [[[0, 1], [2, 3], [0, 0]], [[4, 5], [0, 0], [0, 0]]]
     assert torch.equal(layout.unpad(layout.pad(x)), x)
+
+
+def test_flop_count_is_per_sequence_whether_packed_or_not() -> None:
+    from bertforge.train.flops import batch_train_flops
+
+    config = bert_config()
+    rows = masked_rows([30, 3, 12, 25, 8])
+    counts = []
+    for pack in (None, 40):
+        batch = collate_rows(rows, pad_id=0, pad_to_multiple_of=8, pack_width=pack)
+        counts.append(batch_train_flops(config, batch["attention_mask"],
+                                        batch["mlm_labels"].ne(-100), True,
+                                        layout_from_batch(batch)))
+    plain = collate_rows(rows, pad_id=0, pad_to_multiple_of=8)
+    without_layout = batch_train_flops(config, plain["attention_mask"],
+                                       plain["mlm_labels"].ne(-100), True)
+    assert counts[0] == pytest.approx(counts[1], rel=1e-12) == without_layout
