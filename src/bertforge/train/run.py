@@ -32,8 +32,8 @@ from bertforge.tasks.base import Task
 from bertforge.train import benchmark as bench
 from bertforge.train.checkpoint import (SHARDED_OPTIMIZER, TRAINING_STATE, CheckpointManager,
                                         CheckpointWriteError, checkpoint_step, gather_to_rank0,
-                                        load_training_state, restore_optimizer,
-                                        save_sharded_optimizer, save_training_state)
+                                        load_training_state, save_training_state)
+from bertforge.train.optimizer_state import restore_optimizer, save_sharded_optimizer
 from bertforge.train.distributed import (DistInfo, any_rank, barrier, cleanup,
                                          collective_failure, gather_full_model, init_distributed,
                                          local_tensors, on_rank0, shard_model, wrap_ddp)
