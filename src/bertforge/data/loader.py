@@ -108,7 +108,7 @@ def collate_rows(rows: Sequence[Row], *, pad_id: int, pad_to_multiple_of: int,
     attention = np.zeros((b, s), dtype=np.int64)
     types = np.zeros((b, s), dtype=np.int64)
     labels = np.full((b, s), IGNORE_INDEX, dtype=np.int64)
-    positions = np.zeros((b, s), dtype=np.int64)
+    positions = np.zeros((b, s), dtype=np.int64) if pack_width is not None else None
     nsp = []  # one per sequence, in the order of their first tokens
     for r, members in enumerate(placement):  # loops over samples, not tokens
         start = 0
@@ -119,13 +119,14 @@ def collate_rows(rows: Sequence[Row], *, pad_id: int, pad_to_multiple_of: int,
             attention[r, start:end] = 1
             types[r, start:end] = tt
             labels[r, start:end] = lab
-            positions[r, start:end] = np.arange(len(ids))
+            if positions is not None:
+                positions[r, start:end] = np.arange(len(ids))
             nsp.append(IGNORE_INDEX if ns < 0 else ns)
             start = end
     arrays = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": types,
               "mlm_labels": labels, "nsp_labels": np.array(nsp, dtype=np.int64),
               "mlm_positions": np.flatnonzero(labels.reshape(-1) != IGNORE_INDEX)}
-    if pack_width is not None:
+    if positions is not None:
         arrays["position_ids"] = positions
     out: dict[str, torch.Tensor | int] = {k: torch.from_numpy(v) for k, v in arrays.items()}
     out.update(layout_batch_entries(out["attention_mask"], out.get("position_ids")))

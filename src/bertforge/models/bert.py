@@ -126,7 +126,7 @@ class BertModelOutput:
                                  f"int64 flat positions, got bool {tuple(masked_positions.shape)}")
             if self.layout is None:
                 return self._padded[masked_positions]
-            return self.unpadded[masked_positions.reshape(-1)[self.layout.indices]]
+            return self.unpadded[masked_positions.reshape(-1).index_select(0, self.layout.indices)]
         if masked_positions.dim() != 1 or masked_positions.is_floating_point():
             raise ValueError("masked_positions must be a (B, S) bool mask or (N,) int64 flat "
                              f"positions, got {masked_positions.dtype} "
