@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.models.config import BertConfig
-from bertforge.models.unpad import TokenLayout, varlen_attention
+from bertforge.models.unpad import TokenLayout, varlen_self_attention
 
 Attend = torch.Tensor | TokenLayout | None
 """What a layer attends with: a (B, 1, 1 or S, S) bool keep mask or None over (B, S, H) states,
@@ -60,11 +60,8 @@ class BertSelfAttention(nn.Module):
         Unpadded: hidden (T, H) with its ``TokenLayout`` -> (T, H)."""
         dropout_p = self.dropout_p if self.training else 0.0
         if isinstance(keep_mask, TokenLayout):
-            t, h = hidden.shape
-            q, k, v = (proj(hidden).view(t, self.num_heads, self.head_dim)
-                       for proj in (self.query, self.key, self.value))
-            return varlen_attention(q, k, v, keep_mask, dropout_p,
-                                    self.varlen_backend).reshape(t, h)
+            return varlen_self_attention(hidden, (self.query, self.key, self.value),
+                                         self.num_heads, keep_mask, dropout_p, self.varlen_backend)
         b, s, h = hidden.shape
         # (B, S, H) -> (B, heads, S, head_dim)
         q = self.query(hidden).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)

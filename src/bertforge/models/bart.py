@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bertforge.errors import DataError
 from bertforge.models.attention import Attend, attention_keep_mask
-from bertforge.models.unpad import TokenLayout, token_layout, varlen_attention
+from bertforge.models.unpad import TokenLayout, token_layout, varlen_self_attention
 from bertforge.models.bart_config import BartConfig
 from bertforge.models.hub import PreTrainedModel
 
@@ -134,12 +134,11 @@ class BartAttention(nn.Module):
 
     def unpadded(self, hidden: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         """Bidirectional self-attention over unpadded tokens: (T, D) -> (T, D)."""
-        t, d = hidden.shape
-        q, k, v = (proj(hidden).view(t, self.num_heads, self.head_dim)
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
-        context = varlen_attention(q, k, v, layout, self.dropout_p if self.training else 0.0,
-                                   self.varlen_backend)
-        return self.out_proj(context.reshape(t, d))
+        context = varlen_self_attention(hidden, (self.q_proj, self.k_proj, self.v_proj),
+                                        self.num_heads, layout,
+                                        self.dropout_p if self.training else 0.0,
+                                        self.varlen_backend)
+        return self.out_proj(context)
 
 
 class _Block(nn.Module):

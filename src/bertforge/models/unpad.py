@@ -204,6 +204,16 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
     return _bucketed_attention(q, k, v, layout, dropout_p)
 
 
+def varlen_self_attention(hidden: torch.Tensor, projections: tuple, num_heads: int,
+                          layout: TokenLayout, dropout_p: float, backend: str) -> torch.Tensor:
+    """Self-attention context of unpadded states: ``projections`` (query, key, value modules)
+    applied to hidden (T, D), split into ``num_heads`` heads, attended within each sequence,
+    merged back -> (T, D) (before any output projection)."""
+    t, d = hidden.shape
+    q, k, v = (proj(hidden).view(t, num_heads, d // num_heads) for proj in projections)
+    return varlen_attention(q, k, v, layout, dropout_p, backend).reshape(t, d)
+
+
 BUCKET = 32
 """Width granularity of the padded backend: sequences padded to the next multiple of 32 tokens,
 each width its own SDPA call."""
