@@ -124,9 +124,10 @@ class Trainer:
     def steps(self, batches: list[dict]) -> None:
         from bertforge.train.loop import train_step
 
-        for batch in batches:
-            train_step(self.model, [batch], self.loss_fn, self.optimizer, self.scheduler,
-                       self.precision, self.params, 1.0)
+        with self.precision.scope():  # the run's numerics (TF32 on a GPU), for this call only
+            for batch in batches:
+                train_step(self.model, [batch], self.loss_fn, self.optimizer, self.scheduler,
+                           self.precision, self.params, 1.0)
 
 
 def main() -> None:
@@ -154,8 +155,9 @@ def main() -> None:
 
     from bertforge.errors import ConfigError
     from bertforge.generation import GenerationConfig, generate
+    from bertforge.train.precision import float32_matmul
     from bertforge.tasks.denoise import seq2seq_loss
-    from bertforge.train.loop import to_device
+    from bertforge.batch import to_device
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible")
@@ -188,6 +190,19 @@ def main() -> None:
     first = batches[0]
     src, mask = first["input_ids"][: args.gen_texts], first["attention_mask"][: args.gen_texts]
     autocast = Trainer("probe", ours, None, args).precision.autocast
+
+    def run_generate(name: str) -> torch.Tensor:
+        if name == "bertforge":
+            return generate(ours, src, mask, gen_cfg)
+        return hf.generate(input_ids=src, attention_mask=mask, **GENERATION,
+                           forced_bos_token_id=tok.bos_id)
+
+    # The equality check runs in full fp32 (no TF32), apart from the timed rounds, which run as
+    # a user's --precision would (TF32 matmuls on a GPU for fp32).
+    with torch.no_grad(), float32_matmul("highest"):
+        exact = {name: run_generate(name).cpu() for name in ("bertforge", "hf")}
+    if args.precision == "fp32" and exact["bertforge"].tolist() != exact["hf"].tolist():
+        raise RuntimeError("bertforge and transformers generated different tokens in fp32")
     gen_times: dict[str, list[float]] = {"bertforge": [], "hf": []}
     outputs: dict[str, torch.Tensor] = {}
     for r in range(args.rounds + 1):
@@ -195,18 +210,12 @@ def main() -> None:
             _sync(device)
             t0 = time.perf_counter()
             with torch.no_grad(), autocast():
-                if name == "bertforge":
-                    out = generate(ours, src, mask, gen_cfg)
-                else:
-                    out = hf.generate(input_ids=src, attention_mask=mask, **GENERATION,
-                                      forced_bos_token_id=tok.bos_id)
+                out = run_generate(name)
             _sync(device)
             if r:  # round 0 warms up
                 gen_times[name].append(len(src) / (time.perf_counter() - t0))
             outputs[name] = out.cpu()
     same = outputs["bertforge"].tolist() == outputs["hf"].tolist()
-    if not same and args.precision == "fp32":
-        raise RuntimeError("bertforge and transformers generated different tokens in fp32")
     new_tokens = int((outputs["bertforge"][:, 1:] != tok.pad_id).sum())
     print("generation: " + ", ".join(f"{k} {spread(v)['median']:.2f} texts/s"
                                      for k, v in gen_times.items()), flush=True)

@@ -36,6 +36,7 @@ class Batch(TypedDict, total=False):
     token_indices: torch.Tensor    # (T,) flat positions of the real tokens   } the batch's
     cu_seqlens: torch.Tensor       # (N + 1,) int32 sequence offsets in them  } TokenLayout
     max_seqlen: torch.Tensor       # 0-d, the longest sequence; stays on the host (HOST_KEYS)
+    min_seqlen: torch.Tensor       # 0-d, the shortest sequence; stays on the host (HOST_KEYS)
 
 
 @dataclass
@@ -59,7 +60,7 @@ def real_tokens(batch: Batch) -> torch.Tensor:
     return batch["attention_mask"].sum()
 
 
-HOST_KEYS = frozenset({"max_seqlen"})
+HOST_KEYS = frozenset({"max_seqlen", "min_seqlen"})
 """Batch entries that stay on the host: sizes a kernel launch needs as a Python int, which read
 from a GPU tensor would cost a device->host sync."""
 

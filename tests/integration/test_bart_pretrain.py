@@ -110,7 +110,8 @@ def test_batches_do_not_depend_on_the_worker_count(tmp_path, bart_data):
         streams.append([next(it) for _ in range(6)])
     for a, b in zip(*streams):
         assert a.keys() == b.keys() == {"input_ids", "attention_mask", "decoder_input_ids",
-                                        "labels", "token_indices", "cu_seqlens", "max_seqlen"}
+                                        "labels", "token_indices", "cu_seqlens", "max_seqlen",
+                                        "min_seqlen"}
         assert all(torch.equal(a[k], b[k]) for k in a)
     # The noise is real: sources differ from their targets.
     batch = streams[0][0]

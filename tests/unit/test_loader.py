@@ -62,7 +62,7 @@ def test_micro_batch_follows_the_contract() -> None:
     idx = loader.rank_indices(0, 0)[0]
     assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "mlm_labels",
                           "nsp_labels", "mlm_positions", "token_indices", "cu_seqlens",
-                          "max_seqlen"}
+                          "max_seqlen", "min_seqlen"}
     assert all(v.dtype == torch.int64 for k, v in batch.items() if k != "cu_seqlens")
     b, s = batch["input_ids"].shape
     # where the model finds tokens and predictions without asking the device
@@ -72,6 +72,7 @@ def test_micro_batch_follows_the_contract() -> None:
     assert batch["cu_seqlens"].dtype == torch.int32
     assert batch["cu_seqlens"].tolist() == [0, *lengths.cumsum(0).tolist()]
     assert batch["max_seqlen"].dim() == 0 and batch["max_seqlen"] == lengths.max()
+    assert batch["min_seqlen"].dim() == 0 and batch["min_seqlen"] == lengths.min()
     assert torch.equal(batch["mlm_positions"],
                        (batch["mlm_labels"].reshape(-1) != -100).nonzero().squeeze(1))
     lengths = ds.lengths[idx]
@@ -231,3 +232,17 @@ def test_build_loader_reads_a_native_directory_and_its_manifest(tmp_path) -> Non
         predicted = (batch["mlm_labels"] != -100).sum(1)
         assert predicted.max() <= 3  # max_predictions from the manifest
         assert (batch["input_ids"] == MASK).any()  # mask id from the manifest
+
+
+def test_pinned_batches_without_workers(monkeypatch) -> None:
+    """pin_memory applies to the in-process loader too (fine-tuning and validation loaders run
+    with num_workers=0): without it a non_blocking copy to the GPU waits. Pinning itself needs
+    CUDA, so a marker stands in for it here."""
+    import bertforge.data.loader as loader_module
+
+    monkeypatch.setattr(loader_module, "pin_batch", lambda b: {**b, "pinned": True})
+    ds = ToyDataset(40)
+    pinned = next(iter(make(ds, pin_memory=True)))
+    assert pinned.pop("pinned") is True
+    plain = next(iter(make(ds)))
+    assert "pinned" not in plain and pinned.keys() == plain.keys()

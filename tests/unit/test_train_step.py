@@ -285,3 +285,31 @@ def test_loop_logs_the_rate_each_step_used_and_window_means() -> None:
         assert line["loss"] == pytest.approx(sum(seen[first:first + 4]) / 4, rel=1e-6)
         assert line["seq_per_s"] > 0 and line["tokens_per_s"] > line["seq_per_s"]
     assert [r["lr"] for r in rec.lines] == [schedule_lr(1e-2, 2, 4, 0.5), 0.0]
+
+
+def test_each_micro_batch_is_fetched_when_its_forward_comes() -> None:
+    """With k accumulation steps the loop takes micro-batch j from the loader only when the
+    step reaches it, so the first forward never waits for k batches to be built (and copied)."""
+    events: list[str] = []
+    batches = [make_batch(30 + i, lengths=[12, 9, 10, 11], masked=[2, 2, 3, 1]) for i in range(6)]
+
+    def stream():
+        for i, batch in enumerate(batches):
+            events.append(f"fetch {i}")
+            yield {**batch, "index": torch.tensor(i)}
+
+    def loss_fn(model, batch):
+        events.append(f"forward {int(batch['index'])}")
+        return pretraining_loss(model, batch)
+
+    result, _ = fit(tiny_model(), loss_fn, stream(), steps=2, log_every=1, accumulation=3)
+    assert result.step == 2
+    assert events == [f"{what} {i}" for i in range(6) for what in ("fetch", "forward")]
+
+
+def test_a_stream_that_ends_inside_a_step_is_an_error() -> None:
+    from bertforge.errors import DataError
+
+    batches = [make_batch(40 + i, lengths=[12, 9, 10, 11], masked=[2, 2, 3, 1]) for i in range(3)]
+    with pytest.raises(DataError, match="ended after micro-batch 1 of an accumulation group of 2"):
+        fit(tiny_model(), pretraining_loss, batches, steps=3, log_every=1, accumulation=2)

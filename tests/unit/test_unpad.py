@@ -163,11 +163,13 @@ def test_token_layout_of_padded_and_packed_rows() -> None:
     layout = token_layout(mask)
     assert layout.indices.tolist() == [0, 1, 2, 5, 6, 7, 8, 9, 10, 11]
     assert layout.cu_seqlens.tolist() == [0, 3, 6, 10] and layout.max_seqlen == 4
+    assert layout.min_seqlen == 3
     # left padding keeps column positions, as the padded model does
     assert layout.positions.tolist() == [0, 1, 2, 1, 2, 3, 0, 1, 2, 3]
     positions = torch.tensor([[0, 1, 0, 0], [0, 0, 1, 2], [0, 1, 0, 1]])
     packed = token_layout(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]), positions)
     assert packed.cu_seqlens.tolist() == [0, 2, 3, 4, 7, 9, 11] and packed.max_seqlen == 3
+    assert packed.min_seqlen == 1
     assert packed.sequence_of_token().tolist() == [0, 0, 1, 2, 3, 3, 3, 4, 4, 5, 5]
     keep = packed_keep_mask(packed)[:, 0]
     assert keep[0].tolist() == [[True, True, False, False], [True, True, False, False],
@@ -250,6 +252,7 @@ def test_packed_batch_layout_and_positions() -> None:
     for name in ("indices", "cu_seqlens", "positions"):
         assert torch.equal(getattr(shipped, name), getattr(computed, name)), name
     assert shipped.max_seqlen == computed.max_seqlen == 6
+    assert shipped.min_seqlen == computed.min_seqlen == 3
     assert shipped.shape == computed.shape == (3, 8)
 
 
@@ -292,3 +295,28 @@ def test_flop_count_is_per_sequence_whether_packed_or_not() -> None:
     without_layout = batch_train_flops(config, plain["attention_mask"],
                                        plain["mlm_labels"].ne(-100), True)
     assert counts[0] == pytest.approx(counts[1], rel=1e-12) == without_layout
+
+
+def test_nested_backend_kernel_checks_read_nothing_from_the_device() -> None:
+    """What PyTorch does before a fused varlen kernel runs on jagged inputs (the flash and
+    memory-efficient eligibility checks, then the varlen preprocessing) must not read a length
+    back from the device: the nested tensors carry the loader's host-side shortest and longest
+    lengths. Without ``min_seqlen`` each of q, k and v costs one read per check (three per layer
+    on a GPU). The same functions run on a CPU, so the count is checked here."""
+    from torch.backends.cuda import SDPAParams
+    from torch.nested._internal import sdpa
+
+    from bertforge.models.unpad import nested_heads
+    from bertforge.train.syncs import SyncCounter
+
+    rows = masked_rows([9, 3, 16, 7])
+    layout = layout_from_batch(collate_rows(rows, pad_id=0, pad_to_multiple_of=8))
+    q, k, v = (torch.randn(layout.num_tokens, 2, 8, requires_grad=True) for _ in range(3))
+    with SyncCounter("cpu") as counter:
+        nq, nk, nv = (nested_heads(x, layout) for x in (q, k, v))
+        params = SDPAParams(nq, nk, nv, None, 0.0, False, False)
+        assert sdpa._can_use_flash_sdpa_jagged(params)
+        assert sdpa._can_use_efficient_sdpa_jagged(params)
+        sdpa._sdpa_nested_preprocessing(nq, nk, nv)
+    assert counter.total == 0, dict(counter.counts)
+    assert (nq._get_min_seqlen(), nq._get_max_seqlen()) == (3, 16)

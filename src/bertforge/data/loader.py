@@ -343,6 +343,8 @@ class PretrainingLoader:
         keys = self._keys(self.epoch, self.batches_consumed)
         if self.num_workers == 0:
             batches: Any = map(self._maker.__getitem__, keys)
+            if self.pin_memory:  # what the DataLoader's pinning thread does for workers
+                batches = map(pin_batch, batches)
         else:
             # The order is decided here; workers only read, mask and pad. The DataLoader returns
             # results in sampler order, so the stream equals the num_workers=0 stream.
@@ -403,6 +405,12 @@ class PretrainingLoader:
             self._maker.seed = self.seed
         self._order_cache = None
         self.epoch, self.batches_consumed = int(state["epoch"]), int(state["batches_consumed"])
+
+
+def pin_batch(batch: dict) -> dict:
+    """The batch with its tensors in page-locked memory, so copies to a GPU are asynchronous
+    (``non_blocking=True`` from pageable memory waits for the copy)."""
+    return {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 class _KeyStream:

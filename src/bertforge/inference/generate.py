@@ -45,7 +45,10 @@ def generate_texts(model: Any, tokenizer: Any, sources: Sequence[np.ndarray],
     """Decoded outputs (special tokens removed) of encoded ``sources``, in their order.
 
     Sources are batched by length (longest first, so memory peaks at once and padding stays
-    small); the model is put in eval mode and restored afterwards.
+    small); the model is put in eval mode and restored afterwards. Decoding runs eagerly even
+    when the model's layers were compiled for training: every decoding step has another length
+    (a new shape for each cached key/value), which would recompile the training graphs until
+    torch gives up on them.
     """
     from tqdm.auto import tqdm
 
@@ -59,7 +62,7 @@ def generate_texts(model: Any, tokenizer: Any, sources: Sequence[np.ndarray],
         pad_id = (config.pad_token_id if config.pad_token_id is not None
                   else model.config.pad_token_id)
         ids, mask = map(torch.from_numpy, pad_rows([sources[i] for i in chunk], pad_id))
-        with autocast():
+        with torch.compiler.set_stance("force_eager"), autocast():
             sequences = generate(model, ids.to(device), mask.to(device), config)
         texts = tokenizer.decode_batch(sequences.tolist(), skip_special_tokens=True)
         for i, text in zip(chunk, texts):

@@ -131,11 +131,13 @@ class PreTrainedModel(nn.Module):
     def compile_layers(self, **options: Any) -> None:
         """``torch.compile`` each transformer layer in place (regional compilation): one graph
         serves every layer of a stack, so compiling costs seconds, not minutes, and the weights
-        keep their names. Shapes that vary (unpadded token counts, batch widths) become dynamic
-        after the first change, so a new batch shape does not recompile again. ``options`` go to
-        ``torch.compile``."""
+        keep their names. Compiled with dynamic shapes from the start: sizes that vary between
+        batches (unpadded token counts, batch widths) are symbols, and sizes fixed by the weights
+        (hidden, heads) are specialised by the first trace, so the first batch compiles once and
+        no later shape recompiles (torch's default, static first, would compile twice).
+        ``options`` go to ``torch.compile``."""
         for block in self.transformer_layers():
-            block.compile(**options)
+            block.compile(**{"dynamic": True, **options})
 
     # ------------------------------------------------------------------ state dicts
     def hf_state_dict(self) -> dict[str, torch.Tensor]:

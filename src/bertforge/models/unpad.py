@@ -14,15 +14,20 @@ then restart at 0 where each sequence begins, and attention stays inside each se
 Varlen attention backends (:func:`varlen_attention`), best first:
 
 * ``flash``: ``flash_attn.flash_attn_varlen_func`` (the flash-attn package, CUDA, fp16/bf16);
-* ``nested``: PyTorch SDPA on a nested (jagged) tensor, which uses fused varlen kernels on CUDA;
+* ``nested``: PyTorch SDPA on nested tensors of the jagged layout, which runs PyTorch's own fused
+  varlen kernels on CUDA (flash, memory-efficient or cuDNN attention: no extra package). The
+  tensors carry the batch's shortest and longest sequence lengths (host ints from the loader), so
+  PyTorch's kernel checks read nothing back from the GPU. On a CPU PyTorch has no fused kernel for
+  them and falls back to a per-sequence math path (it reads every length and warns about its
+  strided nested layout): a correctness reference there, never the default;
 * ``padded``: the tokens scattered into padded rows, one per *sequence*, sequences of similar
   length together (lengths rounded up to a multiple of ``BUCKET``, one SDPA call per width, a
   key-padding mask where a row is not full), gathered back. Always available; the fastest on
   CPU, where SDPA on nested tensors falls back to a per-sequence loop (measured ~10x slower,
   docs/performance.md).
 
-Host-device syncs: :func:`token_layout` needs three (the number of real tokens, of sequences and
-the longest length) when it runs on a GPU tensor; the pretraining loader computes the layout on
+Host-device syncs: :func:`token_layout` needs four (the number of real tokens, of sequences, the
+longest and the shortest length) when it runs on a GPU tensor; the pretraining loader computes the layout on
 the CPU instead and ships it in the batch (:func:`layout_from_batch`), so the model's step then
 needs none.
 """
@@ -30,6 +35,7 @@ needs none.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -40,7 +46,7 @@ import torch.nn.functional as F
 from bertforge.limits import ATTENTION_BACKENDS as BACKENDS
 
 # Batch keys of a layout computed by the loader (contracts.md, "micro-batch").
-LAYOUT_KEYS = ("token_indices", "cu_seqlens", "max_seqlen")
+LAYOUT_KEYS = ("token_indices", "cu_seqlens", "max_seqlen", "min_seqlen")
 
 
 @dataclass
@@ -57,8 +63,13 @@ class TokenLayout:
     """(B, S) of the padded batch."""
     positions: torch.Tensor
     """(T,) int64 position id of every real token (its column, or the batch's ``position_ids``)."""
+    min_seqlen: int = 1
+    """Length of the shortest sequence (a host int: PyTorch's fused varlen kernels refuse
+    empty sequences and would read it back from the GPU if not told)."""
     buckets: list | None = field(default=None, repr=False, compare=False)
     """The padded backend's length groups, computed on first use and shared by every layer."""
+    offsets: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    """The nested backend's int64 ``cu_seqlens``, made on first use and shared by every layer."""
 
     @property
     def num_tokens(self) -> int:
@@ -94,7 +105,8 @@ class TokenLayout:
     def to(self, device: torch.device) -> TokenLayout:
         return TokenLayout(self.indices.to(device, non_blocking=True),
                            self.cu_seqlens.to(device, non_blocking=True), self.max_seqlen,
-                           self.shape, self.positions.to(device, non_blocking=True))
+                           self.shape, self.positions.to(device, non_blocking=True),
+                           self.min_seqlen)
 
 
 def token_layout(attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None) -> TokenLayout:
@@ -119,14 +131,16 @@ def token_layout(attention_mask: torch.Tensor, position_ids: torch.Tensor | None
         begins |= positions == 0
     starts = begins.nonzero().squeeze(1)                       # sync on a GPU: N
     cu = torch.cat([starts, starts.new_tensor([t])]).to(torch.int32)
-    longest = int((cu[1:] - cu[:-1]).max()) if t else 0       # sync on a GPU
-    return TokenLayout(indices, cu, longest, (b, s), positions)
+    lengths = cu[1:] - cu[:-1]
+    longest = int(lengths.max()) if t else 0                  # sync on a GPU
+    shortest = int(lengths.min()) if t else 0                 # sync on a GPU
+    return TokenLayout(indices, cu, longest, (b, s), positions, shortest)
 
 
 def layout_from_batch(batch: Mapping) -> TokenLayout | None:
     """The layout the loader computed for this batch (``LAYOUT_KEYS``), on the batch's device
-    (``max_seqlen`` stays on the host: ``bertforge.batch.HOST_KEYS``), or None when the batch
-    carries none."""
+    (``max_seqlen`` and ``min_seqlen`` stay on the host: ``bertforge.batch.HOST_KEYS``), or None
+    when the batch carries none."""
     if "cu_seqlens" not in batch:
         return None
     ids = batch["input_ids"]
@@ -136,8 +150,11 @@ def layout_from_batch(batch: Mapping) -> TokenLayout | None:
         positions = batch["position_ids"].reshape(-1).index_select(0, indices)
     else:
         positions = indices % s
-    return TokenLayout(indices, batch["cu_seqlens"], int(batch["max_seqlen"]),
-                       (ids.shape[0], s), positions)
+    cu = batch["cu_seqlens"]
+    # A layout from before min_seqlen was shipped: found here (a sync when cu is on a GPU).
+    shortest = batch["min_seqlen"] if "min_seqlen" in batch else (cu[1:] - cu[:-1]).min()
+    return TokenLayout(indices, cu, int(batch["max_seqlen"]), (ids.shape[0], s), positions,
+                       int(shortest))
 
 
 def layout_batch_entries(attention_mask: torch.Tensor,
@@ -145,7 +162,8 @@ def layout_batch_entries(attention_mask: torch.Tensor,
     """``LAYOUT_KEYS`` for a CPU batch (the loader's side of :func:`layout_from_batch`)."""
     layout = token_layout(attention_mask, position_ids)
     return {"token_indices": layout.indices, "cu_seqlens": layout.cu_seqlens,
-            "max_seqlen": torch.tensor(layout.max_seqlen)}
+            "max_seqlen": torch.tensor(layout.max_seqlen),
+            "min_seqlen": torch.tensor(layout.min_seqlen)}
 
 
 def packed_keep_mask(layout: TokenLayout) -> torch.Tensor:
@@ -193,15 +211,32 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
         return _flash_varlen()(q, k, v, cu, cu, layout.max_seqlen, layout.max_seqlen,
                                dropout_p=dropout_p)
     if backend == "nested":
-        offsets = layout.cu_seqlens.long()
-
-        def nest(x: torch.Tensor) -> torch.Tensor:  # (T, h, d) -> (N, h, j, d)
-            return torch.nested.nested_tensor_from_jagged(
-                x, offsets=offsets, max_seqlen=layout.max_seqlen).transpose(1, 2)
-
-        out = F.scaled_dot_product_attention(nest(q), nest(k), nest(v), dropout_p=dropout_p)
-        return out.transpose(1, 2).values()
+        return _nested_attention(q, k, v, layout, dropout_p)
     return _bucketed_attention(q, k, v, layout, dropout_p)
+
+
+def nested_heads(x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """(T, heads, head_dim) -> a jagged nested tensor (N, heads, j, head_dim) that knows its
+    shortest and longest sequence, so SDPA's kernel selection reads no length from the device."""
+    if layout.offsets is None:  # int64 offsets, made once per batch and shared by every layer
+        layout.offsets = layout.cu_seqlens.long()
+    return torch.nested.nested_tensor_from_jagged(
+        x, offsets=layout.offsets, min_seqlen=layout.min_seqlen,
+        max_seqlen=layout.max_seqlen).transpose(1, 2)
+
+
+def _nested_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+                      dropout_p: float) -> torch.Tensor:
+    """The ``nested`` backend: SDPA on jagged nested tensors, PyTorch's fused varlen kernels on
+    CUDA."""
+    with warnings.catch_warnings():
+        # CPU only: PyTorch's math fallback for jagged inputs converts them to its prototype
+        # strided nested layout and says so on every call (no fused CPU kernel exists).
+        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in "
+                                "prototype stage", category=UserWarning)
+        out = F.scaled_dot_product_attention(nested_heads(q, layout), nested_heads(k, layout),
+                                             nested_heads(v, layout), dropout_p=dropout_p)
+    return out.transpose(1, 2).values()
 
 
 def varlen_self_attention(hidden: torch.Tensor, projections: tuple, num_heads: int,

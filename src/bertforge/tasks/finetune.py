@@ -27,7 +27,7 @@ from torch import nn
 
 from bertforge.batch import Batch, LossOutput, real_tokens, to_device
 from bertforge.config import FinetuneConfig, save_config
-from bertforge.data.loader import PretrainingLoader
+from bertforge.data.loader import PretrainingLoader, pin_batch
 from bertforge.errors import ConfigError, DataError
 from bertforge.io import write_json_atomic, write_text_atomic
 from bertforge.models.auto import config_class, load_config
@@ -115,7 +115,10 @@ def predict(model: nn.Module, features: FeatureSet, batch_size: int, info: DistI
     share = np.array_split(np.arange(len(features)), info.world_size)[info.rank]
     parts: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(share), batch_size):
-        batch = to_device(features.collate(share[start:start + batch_size]), info.device)
+        batch = features.collate(share[start:start + batch_size])
+        if info.device.type == "cuda":
+            batch = pin_batch(batch)  # the copy below then overlaps the previous batch's work
+        batch = to_device(batch, info.device)
         with autocast():
             out = model(**{k: batch[k] for k in SEQUENCE_KEYS})
         for key, value in outputs(out, batch).items():

@@ -14,15 +14,16 @@ import platform
 import resource
 import time
 from pathlib import Path
+from contextlib import ExitStack
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from bertforge.io import write_json_atomic
-from bertforge.batch import to_device
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import peak_flops
-from bertforge.train.loop import LoopConfig, group_micro_batches, train_step
+from bertforge.train.loop import LoopConfig, step_groups, train_step
 from bertforge.train.syncs import SyncCounter, host_resident
 
 
@@ -41,33 +42,50 @@ def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, t
         info: DistInfo, loop_cfg: LoopConfig, cfg) -> dict:
     warmup, steps = cfg.benchmark.warmup_steps, cfg.benchmark.steps
     params = [p for p in wrapped.parameters() if p.requires_grad]
-    groups = group_micro_batches(task.train, loop_cfg.accumulation)
+    seen: list[dict] = []  # the host batches of the step running now, as the loader made them
+    counting: list[SyncCounter] = []  # the sync counter of the last step, while it runs
+
+    def host_batches() -> Iterator[dict]:
+        """The loader's stream, recorded; its own work (masking, collating) is no sync of the
+        step, while the model reading a batch's host-side entries is free by design."""
+        stream = iter(task.train)
+        while True:
+            with ExitStack() as paused:
+                for counter in counting:
+                    paused.enter_context(counter.paused())
+                batch = next(stream)
+            seen.append(batch)
+            for counter in counting:
+                counter.exempt(host_resident(None, [batch]))
+            yield batch
+
+    groups = step_groups(host_batches(), loop_cfg.accumulation, info.device)
+
+    def step() -> Any:
+        seen.clear()
+        return train_step(wrapped, next(groups), task.loss, optimizer, scheduler, precision,
+                          params, loop_cfg.clip_norm)
+
     wrapped.train()
     for _ in range(warmup):
-        group = [to_device(b, info.device) for b in next(groups)]
-        train_step(wrapped, group, task.loss, optimizer, scheduler, precision, params,
-                   loop_cfg.clip_norm)
+        step()
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
-    # FLOPs are counted from the CPU batches before they move, and the loss's token counts stay
-    # on the device until the clock stops, so counting adds no syncs to the timed steps.
+    # FLOPs are counted from the host batches after each step (no device involved), and the
+    # loss's token counts stay on the device until the clock stops, so counting adds no syncs.
     flops, seqs, tokens = 0.0, 0, torch.zeros((), dtype=torch.float64, device=info.device)
     _sync(info.device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        group = next(groups)
-        flops += sum(task.batch_flops(model, b) for b in group)
-        group = [to_device(b, info.device) for b in group]
-        out = train_step(wrapped, group, task.loss, optimizer, scheduler, precision, params,
-                         loop_cfg.clip_norm)
+        out = step()
+        flops += sum(task.batch_flops(model, b) for b in seen)
         seqs, tokens = seqs + out.sequences, tokens + out.tokens
     _sync(info.device)
     elapsed = time.perf_counter() - t0
     # One more step, untimed, with every op that would make the host wait for the device counted.
-    group = [to_device(b, info.device) for b in next(groups)]
-    with SyncCounter(info.device, host_resident(optimizer, group)) as syncs:
-        train_step(wrapped, group, task.loss, optimizer, scheduler, precision, params,
-                   loop_cfg.clip_norm)
+    with SyncCounter(info.device, host_resident(optimizer, [])) as syncs:
+        counting.append(syncs)
+        step()
     totals = torch.tensor([seqs, float(tokens), flops], dtype=torch.float64)
     totals = all_reduce_sum(totals.to(info.device)).cpu()
     seqs, tokens, flops = totals.tolist()

@@ -80,26 +80,34 @@ def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
-def shard_model(model: nn.Module, info: DistInfo) -> bool:
+def shard_model(model: nn.Module, info: DistInfo, compute_dtype: torch.dtype | None = None,
+                reduce_dtype: torch.dtype = torch.float32) -> bool:
     """Shard ``model`` in place with FSDP2: each of ``model.transformer_layers()`` is its own
     unit (its parameters gathered just for its forward and backward), the root holds the rest
     (embeddings, heads, so tied weights stay in one unit). True if it sharded; in one process
     there is nothing to shard and the model is left as it is.
+
+    ``compute_dtype`` (bf16/fp16 runs): the weights are all-gathered in that dtype (half the
+    traffic and memory of fp32) while each rank's shard, the optimizer's master copy, stays
+    fp32; gradients are reduce-scattered in ``reduce_dtype`` (fp32 by default: a sum over many
+    ranks in bf16 loses the small gradients). None: everything in fp32.
 
     Call before building the optimizer: parameters become DTensors (new Parameter objects).
     """
     if not info.distributed:
         log.warning("train.fsdp: one process, nothing to shard; training unsharded")
         return False
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     layers = model.transformer_layers() if hasattr(model, "transformer_layers") else []
     if not layers:
         raise UserError(f"train.fsdp: {type(model).__name__} has no transformer layers to "
                         "shard (no transformer_layers()); use train.fsdp=false (DDP)")
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype,
+                                  reduce_dtype=reduce_dtype if compute_dtype is not None else None)
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     # FSDP2 warns once per forward that an output is a view (an in-place op on it would skip
     # its backward hook). Our losses only read the outputs (cross-entropy, argmax).
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",

@@ -19,19 +19,32 @@ Encoder-decoder (BART), per pair of an S-token source and a T-token target, forw
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from bertforge.models.unpad import TokenLayout
 
-# Dense bf16/fp16 tensor-core peak (no sparsity), per GPU, in FLOP/s; TF32 for fp32.
-_PEAK = {
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
-    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 183e12},
-    "A10": {"bf16": 125e12, "fp16": 125e12, "fp32": 62.5e12},
-    "V100": {"bf16": 0.0, "fp16": 125e12, "fp32": 15.7e12},
-}
+# Dense (no sparsity) tensor-core peak per GPU in FLOP/s, from the vendors' data sheets: bf16 and
+# fp16, and TF32 for "fp32" (what fp32 matmuls run as on these GPUs inside bertforge's runs).
+# The same chip comes in forms with other clocks and power limits, so the most specific name
+# comes first: "NVIDIA H100 PCIe" and "NVIDIA H100 NVL" are not the SXM part "NVIDIA H100 80GB
+# HBM3". Matched as whole words of ``torch.cuda.get_device_name``.
+_PEAK: tuple[tuple[str, dict[str, float]], ...] = (
+    (r"H100\b.*\bPCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 378e12}),
+    (r"H100\b.*\bNVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 417.5e12}),
+    (r"H200\b.*\bNVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 417.5e12}),
+    (r"GH200", {"bf16": 989e12, "fp16": 989e12, "fp32": 494.5e12}),
+    (r"H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 494.5e12}),   # SXM (HBM3)
+    (r"H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 494.5e12}),   # SXM
+    (r"A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12}),
+    (r"L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 183e12}),
+    (r"L40", {"bf16": 181e12, "fp16": 181e12, "fp32": 90.5e12}),
+    (r"L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 60e12}),
+    (r"A10", {"bf16": 125e12, "fp16": 125e12, "fp32": 62.5e12}),
+    (r"V100\b.*\bPCIe", {"fp16": 112e12, "fp32": 14e12}),
+    (r"V100", {"fp16": 125e12, "fp32": 15.7e12}),
+)
 
 
 def bert_train_flops(*, layers: int, hidden: int, intermediate: int, vocab: int, seq_len: float,
@@ -90,8 +103,13 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     """The device's peak FLOP/s for ``precision``, or None when unknown (CPUs, unlisted GPUs)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, table in _PEAK.items():
-        if key in name:
+    return peak_for_name(torch.cuda.get_device_name(device), precision)
+
+
+def peak_for_name(name: str, precision: str) -> float | None:
+    """Peak FLOP/s of the GPU called ``name`` (as CUDA reports it) for ``precision``; None for
+    a GPU not in the table or a precision it has no tensor cores for."""
+    for pattern, table in _PEAK:
+        if re.search(rf"\b{pattern}\b", name, re.IGNORECASE):
             return table.get(precision) or None
     return None

@@ -15,13 +15,14 @@ import signal
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Protocol
+from itertools import chain
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 from torch import nn
 
 from bertforge.batch import LossOutput, to_device
-from bertforge.errors import TrainingDiverged
+from bertforge.errors import DataError, TrainingDiverged
 from bertforge.optim.lamb import clip_grad_norm_, global_grad_norm
 from bertforge.signals import STOP_SIGNALS
 from bertforge.train.distributed import DistInfo, all_reduce_mean, any_rank, no_sync
@@ -46,10 +47,11 @@ class StepResult:
     tokens: torch.Tensor | int = 0
 
 
-def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
+def train_step(model: nn.Module, micro_batches: Sequence[dict] | MicroBatches, loss_fn: LossFn,
                optimizer: torch.optim.Optimizer, scheduler: Scheduler, precision: Precision,
                params: list[torch.Tensor], clip_norm: float = 0.0) -> StepResult:
-    """One optimizer step over ``len(micro_batches)`` accumulation micro-steps.
+    """One optimizer step over ``len(micro_batches)`` accumulation micro-steps (a list of
+    batches on the model's device, or a :class:`MicroBatches` that fetches each when needed).
 
     Each micro-loss is divided by the number of micro-steps, so the gradient is the mean over
     micro-batches; DDP then averages over ranks. One process with k micro-steps and k ranks with
@@ -95,14 +97,36 @@ def train_step(model: nn.Module, micro_batches: list[dict], loss_fn: LossFn,
                       tokens=tokens)
 
 
-def group_micro_batches(batches: Iterable[dict], k: int) -> Iterator[list[dict]]:
-    """Consecutive groups of k micro-batches: the loader yields a rank's micro-steps in order."""
-    group: list[dict] = []
-    for batch in batches:
-        group.append(batch)
-        if len(group) == k:
-            yield group
-            group = []
+class MicroBatches:
+    """The k micro-batches of one optimizer step, taken from the stream only when the step
+    reaches each one (and moved to ``device`` then), so the first forward starts as soon as its
+    own batch is ready and loader workers keep producing while the device computes, whatever k
+    is."""
+
+    def __init__(self, stream: Iterator[dict], k: int, device: torch.device) -> None:
+        self.stream, self.k, self.device = stream, k, device
+
+    def __len__(self) -> int:
+        return self.k
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in range(self.k):
+            batch = next(self.stream, None)
+            if batch is None:
+                raise DataError(f"the training data stream ended after micro-batch {i} of an "
+                                f"accumulation group of {self.k}; a step needs all of them")
+            yield to_device(batch, self.device)
+
+
+def step_groups(batches: Iterable[dict], k: int, device: torch.device) -> Iterator[MicroBatches]:
+    """One :class:`MicroBatches` per optimizer step while the stream has data: the loader yields
+    a rank's micro-steps in order."""
+    stream = iter(batches)
+    while True:
+        first = next(stream, None)
+        if first is None:
+            return
+        yield MicroBatches(chain([first], stream), k, device)
 
 
 class PreemptionFlag:
@@ -177,8 +201,7 @@ class Trainer:
         if step >= cfg.max_steps:
             return result
         try:
-            for group in group_micro_batches(batches, cfg.accumulation):
-                group = [to_device(b, self.dist.device) for b in group]
+            for group in step_groups(batches, cfg.accumulation, self.dist.device):
                 # The scheduler already holds the rate of the step about to run; after
                 # train_step it holds the next one, so read it here to log what was applied.
                 lr = self.scheduler.get_last_lr()[0]

@@ -25,6 +25,7 @@ from bertforge.config import (FinetuneConfig, RunConfig, run_defining_keys, save
                               to_dict)
 from bertforge.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
 from bertforge.io import ensure_writable_dir
+from bertforge.models.unpad import resolve_backend
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.optim.param_groups import needs_external_clipping
 from bertforge.signals import Stopped, raise_on_stop
@@ -45,6 +46,7 @@ from bertforge.train.rng import capture_rng_state, restore_rng_state
 from bertforge.train.run_log import RunLogger, plot_loss_curve
 
 log = logging.getLogger(__name__)
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # train.fsdp_reduce_dtype
 
 
 @dataclass
@@ -137,9 +139,18 @@ class _Setup:
         model.set_unpadding(cfg.train.unpad, cfg.train.attention_backend)
         if cfg.train.compile or (cfg.train.compile is None and info.device.type == "cuda"):
             model.compile_layers()  # before sharding: FSDP's hooks stay outside the graphs
+        self.precision = build_precision(cfg.precision, info.device)
+        if cfg.train.unpad:  # before the first forward: the kernel exists here for this dtype
+            try:
+                resolve_backend(cfg.train.attention_backend, info.device,
+                                self.precision.dtype or torch.float32)
+            except ValueError as exc:
+                raise ConfigError(f"train.attention_backend={cfg.train.attention_backend}: "
+                                  f"{exc}") from None
         # FSDP2 replaces the parameters with sharded ones (DTensors), so it comes before the
         # optimizer is built over them; DDP wraps the model at the end instead.
-        self.sharded = bool(cfg.train.fsdp) and shard_model(model, info)
+        self.sharded = bool(cfg.train.fsdp) and shard_model(
+            model, info, self.precision.dtype, REDUCE_DTYPES[cfg.train.fsdp_reduce_dtype])
         # Weights are initialised from the same seed on every rank (DDP also broadcasts them);
         # from here on each rank draws its own dropout masks, as rank-seeded generators.
         torch.manual_seed(cfg.train.seed + info.rank)
@@ -148,7 +159,6 @@ class _Setup:
                                          cfg.optim.max_grad_norm)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim.schedule, self.max_steps,
                                          cfg.optim.warmup, cfg.optim.power)
-        self.precision = build_precision(cfg.precision, info.device)
         self.start_step, self.rng_states = 0, {}
         if self.resume_from is not None:
             self._restore(task, cfg, info)
@@ -198,8 +208,9 @@ class _Setup:
 def benchmark_task(task: Task, cfg: RunConfig, info: DistInfo) -> dict:
     """Time real training steps of ``task`` (no checkpoints); the benchmark.json report."""
     s = _Setup(task, cfg, info, benchmark=True)
-    return bench.run(s.wrapped, s.model, s.optimizer, s.scheduler, s.precision, task, info,
-                     s.loop_cfg, cfg)
+    with s.precision.scope():
+        return bench.run(s.wrapped, s.model, s.optimizer, s.scheduler, s.precision, task, info,
+                         s.loop_cfg, cfg)
 
 
 def run_task(task: Task, cfg: RunConfig, info: DistInfo) -> RunResult:
@@ -235,24 +246,25 @@ def run_task(task: Task, cfg: RunConfig, info: DistInfo) -> RunResult:
         # A rank the saving run did not have keeps its seeded generators.
         restore_rng_state(s.rng_states[info.rank], source=str(s.resume_from))
     t0 = time.perf_counter()
-    try:
-        result = trainer.fit(task.train, start_step=s.start_step)
-    except BaseException as exc:
-        logger.close()  # end the progress bar (and flush the logs) before the error is shown
-        if isinstance(exc, TrainingDiverged):
-            raise TrainingDiverged(f"{exc}. The newest checkpoint, "
-                                   f"{s.manager.latest() or '(none yet)'}, is intact") from None
-        raise
-    elapsed = time.perf_counter() - t0
+    with s.precision.scope():  # TF32 on GPUs for the run's fp32 matmuls, restored afterwards
+        try:
+            result = trainer.fit(task.train, start_step=s.start_step)
+        except BaseException as exc:
+            logger.close()  # end the progress bar (and flush the logs) before the error is shown
+            if isinstance(exc, TrainingDiverged):
+                raise TrainingDiverged(f"{exc}. The newest checkpoint, "
+                                       f"{s.manager.latest() or '(none yet)'}, is intact") from None
+            raise
+        elapsed = time.perf_counter() - t0
 
-    validation: dict = {}
-    if not result.preempted:
-        if hooks.evaluate is not None:
-            logged = result.step in last_eval  # the loop evaluated this very step already
-            validation = hooks.evaluate(result.step)
-            if not logged:
-                logger.log(result.step, validation)
-        validation = task.finish(s.model, out, validation)
+        validation: dict = {}
+        if not result.preempted:
+            if hooks.evaluate is not None:
+                logged = result.step in last_eval  # the loop evaluated this very step already
+                validation = hooks.evaluate(result.step)
+                if not logged:
+                    logger.log(result.step, validation)
+            validation = task.finish(s.model, out, validation)
     logger.close()
     final = saved[-1] if saved else s.manager.latest()
     if info.is_main:

@@ -78,6 +78,21 @@ class SyncCounter(TorchDispatchMode):
         self.device = torch.device(device)
         self._host = {id(t) for t in host_tensors}
         self.counts: Counter[str] = Counter()
+        self._paused = False
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Count nothing in the body (work that is not the step's: a data loader's)."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+
+    def exempt(self, host_tensors: Iterable[torch.Tensor]) -> None:
+        """Add tensors that live on the host by design (as ``host_tensors`` above), e.g. those
+        of a batch that arrives while the counter runs."""
+        self._host.update(id(t) for t in host_tensors)
 
     @property
     def total(self) -> int:
@@ -90,18 +105,19 @@ class SyncCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         why = _why(func, args, kwargs)
-        if why is not None and not (args and self._on_host(args[0])):
+        if why is not None and not self._paused and not (args and self._on_host(args[0])):
             self.counts[why] += 1
         return func(*args, **kwargs)
 
 
-def host_resident(optimizer: torch.optim.Optimizer, batches: Iterable[dict]) -> list[torch.Tensor]:
+def host_resident(optimizer: torch.optim.Optimizer | None,
+                  batches: Iterable[dict]) -> list[torch.Tensor]:
     """The tensors of a training step that stay on the host by design: the optimizer's step
     counters (as in torch's own optimizers unless ``capturable``) and the batches' ``HOST_KEYS``."""
     from bertforge.batch import HOST_KEYS
 
     out = [b[k] for b in batches for k in HOST_KEYS if k in b]
-    for state in optimizer.state.values():
+    for state in (optimizer.state.values() if optimizer is not None else ()):
         step = state.get("step")
         if isinstance(step, torch.Tensor) and step.device.type == "cpu":
             out.append(step)
