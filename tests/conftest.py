@@ -43,10 +43,44 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+_CUDA = (torch.cuda.is_available, torch.cuda.device_count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_only_session():
+    """Tests are deterministic wherever they run: on a machine with a GPU, everything not marked
+    ``gpu`` runs on the CPU (bitwise resume and 1e-5 parity assume fp32 CPU arithmetic). For
+    the whole session torch in this process sees no CUDA device, and child processes (torchrun,
+    the CLI) get CUDA_VISIBLE_DEVICES="" so they see none either; ``gpu``-marked tests get the
+    GPU back (``gpu_for_gpu_tests``). CUDA counted its devices at collection (the GPU tests'
+    skipif), before the variable changes, so this process can still use them."""
+    _CUDA[0]()
+    patch = pytest.MonkeyPatch()
+    patch.setattr(torch.cuda, "is_available", lambda: False)
+    patch.setattr(torch.cuda, "device_count", lambda: 0)
+    patch.setenv("CUDA_VISIBLE_DEVICES", "")
+    yield
+    patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def gpu_for_gpu_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    if request.node.get_closest_marker("gpu") is not None:
+        monkeypatch.setattr(torch.cuda, "is_available", _CUDA[0])
+        monkeypatch.setattr(torch.cuda, "device_count", _CUDA[1])
+        if _CUDA[2] is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", _CUDA[2])
+    yield
+
+
 @pytest.fixture(scope="session")
 def child_env() -> dict[str, str]:
-    """Environment for `bertforge` child processes: one thread, as the in-process runs."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    """Environment for `bertforge` child processes: one thread, as the in-process runs, and no
+    GPU (``cpu_only_session``)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "CUDA_VISIBLE_DEVICES": ""}
 
 
 @dataclass(frozen=True)

@@ -70,19 +70,16 @@ def _shard_groups(t: Tensor) -> tuple:
     return tuple(t.device_mesh.get_group(d) for d, p in enumerate(t.placements) if p.is_shard())
 
 
-def _full_norms(local: list[Tensor], dtype: torch.dtype, groups: list[tuple]) -> Tensor:
-    """(n,) L2 norms of the full tensors whose shards on this rank are ``local`` (``groups[i]``:
-    the process groups tensor i is split across, from :func:`_shard_groups`)."""
+def _full_norms(local: list[Tensor], dtype: torch.dtype, groups: tuple) -> Tensor:
+    """(n,) L2 norms of the full tensors whose shards on this rank are ``local``, all split
+    across the same process ``groups`` (from :func:`_shard_groups`; ``()``: held whole): the
+    shards' squared norms summed over those groups, one all-reduce per group."""
     norms = torch.stack(torch._foreach_norm(local, 2, dtype=dtype))  # (n,)
-    if not any(groups):
+    if not groups:
         return norms
     squares = norms.square()
-    for key in dict.fromkeys(g for g in groups if g):  # each set of groups once, in order
-        idx = torch.tensor([i for i, g in enumerate(groups) if g == key], device=norms.device)
-        part = squares.index_select(0, idx)
-        for group in key:
-            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=group)
-        squares.index_copy_(0, idx, part)
+    for group in groups:
+        dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=group)
     return squares.sqrt()
 
 
@@ -254,13 +251,20 @@ class Lamb(torch.optim.Optimizer):
             if not params:
                 continue
             states = [self._init_state(p) for p in params]
-            for (dev, _), idx in _buckets([_local(p) for p in params]).items():
+            # Buckets of one device, dtype and sharding: foreach kernels need uniform lists, and
+            # the trust ratios' norms of one bucket are reduced over one set of process groups.
+            buckets: dict[tuple, list[int]] = defaultdict(list)
+            for key, idx in _buckets([_local(p) for p in params]).items():
+                for i in idx:
+                    buckets[(*key, _shard_groups(params[i]))].append(i)
+            for (dev, _, shards), idx in buckets.items():
                 self._update_bucket(
                     group,
                     [params[i] for i in idx],
                     [params[i].grad for i in idx],
                     [states[i] for i in idx],
                     None if clip is None else clip.to(dev),
+                    shards,
                 )
         return loss
 
@@ -271,12 +275,13 @@ class Lamb(torch.optim.Optimizer):
         grads: list[Tensor],
         states: list[dict],
         clip: Optional[Tensor],
+        shards: tuple = (),
     ) -> None:
-        """LAMB update for tensors that share one device and dtype (``clip`` is 0-d or None).
-        DTensors are updated through their local shards (see the module docstring)."""
+        """LAMB update for tensors that share one device, dtype and sharding (``clip`` is 0-d
+        or None; ``shards``: the process groups every one of them is split across, ``()`` for
+        plain tensors). DTensors are updated through their local shards (module docstring)."""
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        groups = [_shard_groups(p) for p in params]  # all () for plain tensors
         params, grads = [_local(p) for p in params], [_local(g) for g in grads]
         exp_avgs = [_local(s["exp_avg"]) for s in states]
         exp_avg_sqs = [_local(s["exp_avg_sq"]) for s in states]
@@ -308,15 +313,13 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_add_(params, update, alpha=-lr)
             return
         torch._foreach_add_(update, params, alpha=wd)
-        norm_dtype = _norm_dtype(params[0].dtype)
-        if any(groups):  # shards: both norms of every tensor in one all-reduce per group set
-            both = _full_norms([*params, *update], norm_dtype, groups + groups)  # (2n,)
-            w_norm, u_norm = both[: len(params)], both[len(params):]
-        else:
-            w_norm = torch.stack(torch._foreach_norm(params, 2, dtype=norm_dtype))  # (n,)
-            u_norm = torch.stack(torch._foreach_norm(update, 2, dtype=norm_dtype))  # (n,)
+        # ||w|| and ||u|| of every tensor: (2n,), for shards in one all-reduce per process group
+        both = _full_norms([*params, *update], _norm_dtype(params[0].dtype), shards)
+        w_norm, u_norm = both[: len(params)], both[len(params):]
         # A zero weight (fresh bias-like tensor) or a zero update would give 0 or inf: use 1.
         trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
         scale = (trust * -lr).to(params[0].dtype)                                 # (n,)
-        torch._foreach_mul_(update, list(scale.unbind(0)))
-        torch._foreach_add_(params, update)
+        # w += scale_i * u_i for every tensor in one pass: a foreach op whose per-tensor factor is
+        # a 0-d device tensor (PyTorch fuses this form into one kernel on CUDA; a per-tensor
+        # multiply would launch one kernel per parameter).
+        torch._foreach_addcmul_(params, list(scale.unbind(0)), update)
