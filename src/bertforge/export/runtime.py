@@ -8,11 +8,17 @@ in place of the PyTorch model without knowing the difference.
 
 Supported heads: those of ``bertforge.export.heads.HEADS`` (BertModel, BertForMaskedLM,
 BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification).
+
+Where it runs: :func:`execution_providers` turns a ``--device`` value into onnxruntime execution
+providers, the one place that knows which device needs which provider and wheel. The model's
+``device`` is then read back from the session, because onnxruntime silently drops the CUDA
+provider when the CUDA libraries fail to load: a server must not say "cuda" while on the CPU.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,21 +29,90 @@ import torch
 from bertforge.errors import ConfigError
 from bertforge.export.heads import INPUT_NAMES, HeadSpec, resolve_head
 
+log = logging.getLogger(__name__)
+
 FP32_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+
+Provider = Any
+"""An onnxruntime provider: its name, or ``(name, options)`` such as a CUDA ``device_id``."""
 
 
-def ort_session(path: str | os.PathLike[str], *, providers: Sequence[str] | None = None,
+def _parse_device(device: str | torch.device) -> torch.device | None:
+    """``device`` as a torch device, None for "auto"; ``ConfigError`` unless onnxruntime can run
+    there (cpu, cuda, cuda:N)."""
+    if str(device) == "auto":
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {str(device)!r} is not one the ONNX backend runs on; use auto, "
+                          "cpu, cuda or cuda:N")
+    return parsed
+
+
+def execution_providers(device: str | torch.device = "cpu") -> list[Provider]:
+    """onnxruntime execution providers for ``device``, best first.
+
+    ``cpu``: the CPU provider. ``cuda``/``cuda:N``: the CUDA provider (on GPU N), then the CPU
+    provider for the nodes CUDA has no kernel for; a ``ConfigError`` when this onnxruntime has
+    no CUDA provider (the plain ``onnxruntime`` wheel), since an explicit GPU request must not
+    quietly run on the CPU. ``auto``: CUDA when torch sees a GPU and onnxruntime has the
+    provider, else the CPU.
+    """
+    wanted = _parse_device(device)
+    if wanted is not None and wanted.type == "cpu":
+        return [CPU_PROVIDER]
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if wanted is None:
+        use_cuda = CUDA_PROVIDER in available and torch.cuda.is_available()
+        return [CUDA_PROVIDER, CPU_PROVIDER] if use_cuda else [CPU_PROVIDER]
+    if CUDA_PROVIDER not in available:
+        raise ConfigError(f"device {device} needs onnxruntime's {CUDA_PROVIDER}, which "
+                          f"onnxruntime {ort.__version__} lacks (it has {', '.join(available)}); "
+                          "pip uninstall onnxruntime && pip install onnxruntime-gpu, or use "
+                          "--device cpu")
+    cuda = CUDA_PROVIDER if wanted.index is None else (CUDA_PROVIDER,
+                                                       {"device_id": wanted.index})
+    return [cuda, CPU_PROVIDER]
+
+
+def session_device(wanted: Sequence[Provider], session: Any) -> torch.device:
+    """The device ``session`` really runs on: CUDA only if it kept the CUDA provider of
+    ``wanted`` (onnxruntime drops it, with an error of its own, when the CUDA or cuDNN libraries
+    fail to load), else the CPU, with a warning when CUDA was asked for."""
+    kept = session.get_providers()
+    for provider in wanted:
+        name, options = (provider, {}) if isinstance(provider, str) else provider
+        if name != CUDA_PROVIDER:
+            continue
+        if name in kept:
+            index = options.get("device_id")
+            return torch.device("cuda", int(index)) if index is not None else torch.device("cuda")
+        log.warning("onnxruntime dropped %s (usually CUDA or cuDNN libraries that failed to "
+                    "load; its own message above says which): running on the CPU and reporting "
+                    "device cpu; providers in use: %s", CUDA_PROVIDER, ", ".join(kept))
+    return torch.device("cpu")
+
+
+def ort_session(path: str | os.PathLike[str], *, providers: Sequence[Provider] | None = None,
                 threads: int | None = None) -> Any:
-    """An ``onnxruntime.InferenceSession`` for ``path`` (CPU unless ``providers`` says otherwise;
-    ``threads`` caps intra-op threads, e.g. 1 on a shared machine)."""
+    """An ``onnxruntime.InferenceSession`` for ``path`` (CPU unless ``providers`` says otherwise,
+    see :func:`execution_providers`; ``threads`` caps intra-op threads, e.g. 1 on a shared
+    machine)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), sess_options=options,
-                                providers=list(providers or ["CPUExecutionProvider"]))
+    chosen = list(providers) if providers is not None else execution_providers("cpu")
+    return ort.InferenceSession(str(path), sess_options=options, providers=chosen)
 
 
 def _numpy(value: torch.Tensor | np.ndarray | Sequence) -> np.ndarray:
@@ -53,12 +128,16 @@ class OnnxModel:
     Args:
         path: the export directory, or one of its .onnx files.
         quantized: with a directory, run ``model.int8.onnx`` instead of ``model.onnx``.
-        providers: onnxruntime execution providers, default ``["CPUExecutionProvider"]``.
+        device: where to run: cpu (default), cuda, cuda:N or auto (see
+            :func:`execution_providers`); ``self.device`` is where the session really runs.
+        providers: onnxruntime execution providers, in place of those of ``device``.
         threads: intra-op thread count (onnxruntime's default: all cores).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, quantized: bool = False,
-                 providers: Sequence[str] | None = None, threads: int | None = None) -> None:
+                 device: str | torch.device = "cpu", providers: Sequence[Provider] | None = None,
+                 threads: int | None = None) -> None:
+        wanted = list(providers) if providers is not None else execution_providers(device)
         path = Path(path)
         directory, file = (path, path / (INT8_FILE if quantized else FP32_FILE)) if path.is_dir() \
             else (path.parent, path)
@@ -70,13 +149,15 @@ class OnnxModel:
         self.spec, self.config = resolve_head(directory)
         self.directory = directory
         self.path = file
-        self.session = ort_session(file, providers=providers, threads=threads)
+        self.session = ort_session(file, providers=wanted, threads=threads)
         names = [o.name for o in self.session.get_outputs()]
         if names != list(self.spec.outputs):
             raise ConfigError(f"{file} has outputs {names} but a {self.spec.architecture} export "
                               f"has {list(self.spec.outputs)}; export the model again")
         self.training = False
-        self.device = torch.device("cpu")
+        self.device = session_device(wanted, self.session)
+        """Where the session runs (its providers decide; inputs are fed as numpy arrays and
+        outputs come back as CPU tensors either way)."""
         self.export_info: dict[str, Any] = {}
         """export.json of the directory ({} when absent): exporter, opset, parity numbers."""
         info = directory / "export.json"
@@ -122,11 +203,12 @@ class OnnxModel:
         return self
 
     def to(self, *args: Any, **kwargs: Any) -> OnnxModel:
-        """No-op: the device is chosen by ``providers`` when the session is built."""
+        """No-op: the device is chosen (``device``/``providers``) when the session is built."""
         return self
 
     def __repr__(self) -> str:
-        return f"OnnxModel({self.spec.architecture}, {self.path})"
+        return f"OnnxModel({self.spec.architecture}, {self.path}, {self.device})"
 
 
-__all__ = ["FP32_FILE", "INT8_FILE", "OnnxModel", "ort_session"]
+__all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "FP32_FILE", "INT8_FILE", "OnnxModel",
+           "execution_providers", "ort_session", "session_device"]

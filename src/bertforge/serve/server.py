@@ -63,7 +63,9 @@ def _load(model_dir: Path, task: str | None, backend: str, device: str,
     if backend != "torch":
         from bertforge.export.runtime import OnnxModel
 
-        options["backend"] = OnnxModel(model_dir, quantized=backend == "onnx-int8")
+        # The device picks onnxruntime's providers; the pipeline then reports (and feeds) the
+        # device the session really runs on, the CPU if onnxruntime dropped CUDA.
+        options["backend"] = OnnxModel(model_dir, quantized=backend == "onnx-int8", device=device)
     pipeline = load_pipeline(model_dir, task, **options)
     if not embeddings or pipeline.task == "feature-extraction" or backend != "torch":
         return pipeline, None
@@ -104,7 +106,10 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
       embeddings): ``error`` answers 422 for an input over the model's maximum length,
       ``truncate`` cuts it and says so in the result; question answering always splits long
       contexts into windows, summarization cuts the article to the model's positions.
-    * ``device`` (auto): ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+    * ``device`` (auto): ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``. With
+      an ONNX backend it picks onnxruntime's execution provider: ``cuda`` needs the
+      ``onnxruntime-gpu`` wheel (a one-line error otherwise), ``auto`` uses CUDA when both torch
+      and onnxruntime can; ``/health`` shows the device the session really runs on.
     * ``embeddings`` (true): also serve ``/v1/embeddings`` from the model's encoder (torch
       backend; loads the weights a second time, as a feature-extraction pipeline).
     * ``log_level`` (info): critical, error, warning, info or debug; internal errors are logged

@@ -187,12 +187,18 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
         raise ConfigError(f"max_length={max_length} must be between 3 and the model's "
                           f"{positions} positions")
     target = _device(device)
+    if backend is not None:
+        # A backend runs where its runtime put it (its ``device``; onnxruntime may have dropped
+        # CUDA): report that device, and keep the inputs on the CPU when it is the CPU.
+        target = torch.device(getattr(backend, "device", target))
     model = backend if backend is not None else _load_model(task, model_dir, is_seq2seq(config),
                                                             target)
     extra: dict[str, Any] = {**settings, **options}
     if task == "question-answering":
         extra["version_2"] = config.finetuning_task == "squad_v2"
     return cls(model=model, tokenizer=tokenizer, model_dir=model_dir, config=config,
-               device=target, precision=build_precision(precision, target),
+               device=target,
+               # onnxruntime computes in the exported fp32 (or int8): torch's autocast has no say
+               precision=build_precision("fp32" if backend is not None else precision, target),
                max_length=min(limit, positions), truncation=truncation,
                backend="pytorch" if backend is None else type(backend).__name__, **extra)
