@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bertforge.errors import CollectiveTimeout, RunError, UserError
+from bertforge.errors import CollectiveTimeout, ConfigError, RunError, UserError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,21 +51,97 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(device: str | None = None, timeout_s: float | None = None) -> DistInfo:
-    """Join the process group torchrun describes (WORLD_SIZE > 1), else run alone.
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+_SLURM_STEP_VARS = ("SLURM_STEP_ID", "SLURM_STEPID")  # srun's tasks have them, the batch step not
 
+
+def _env_int(name: str, default: int) -> int:
+    """A launcher's variable as an int (``default`` when unset); garbage is a one-line error
+    naming the variable rather than a ValueError traceback."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number (torchrun or srun sets it; "
+                          "unset it to run one process)") from None
+
+
+def _detect_launch() -> tuple[str, int, int, int]:
+    """(launcher, rank, world size, local rank) of this process.
+
+    torchrun's variables win: under ``srun torchrun`` (one torchrun per node) SLURM_PROCID
+    numbers the torchrun task, not this worker. SLURM's count only in an srun task (a job step
+    sets SLURM_STEP_ID): the batch script's own shell has SLURM_PROCID=0 and the job's
+    SLURM_NTASKS too, and a bertforge started there must not wait for ranks that never come.
+    """
+    if any(name in os.environ for name in _TORCHRUN_VARS):
+        launch = ("torchrun", _env_int("RANK", 0), _env_int("WORLD_SIZE", 1),
+                  _env_int("LOCAL_RANK", 0))
+    elif "SLURM_PROCID" in os.environ and any(v in os.environ for v in _SLURM_STEP_VARS):
+        launch = ("srun", _env_int("SLURM_PROCID", 0), _env_int("SLURM_NTASKS", 1),
+                  _env_int("SLURM_LOCALID", 0))
+    else:
+        launch = ("none", 0, 1, 0)
+    launcher, rank, world, local_rank = launch
+    if world < 1 or not 0 <= rank < world or local_rank < 0:
+        names = ("RANK, WORLD_SIZE, LOCAL_RANK" if launcher == "torchrun"
+                 else "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID")
+        raise ConfigError(f"{names} give rank {rank} of {world} (local rank {local_rank}), "
+                          f"which cannot be: let {launcher} set them")
+    if launcher != "none":
+        log.info("launcher: %s; rank %d of %d, local rank %d", *launch)
+    elif "SLURM_PROCID" in os.environ:
+        log.info("launcher: none (SLURM variables but no job step: the batch script itself, "
+                 "not an srun task); one process")
+    return launch
+
+
+def _export_srun_rank(rank: int, world: int, local_rank: int) -> None:
+    """Give torch's env:// rendezvous what torchrun would have set: RANK, WORLD_SIZE and
+    LOCAL_RANK from srun's numbering, and MASTER_ADDR/MASTER_PORT, which only the job script
+    can know (srun does not set them), so their absence is the user's to fix."""
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        raise ConfigError(
+            f"srun started {world} tasks but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set: export MASTER_ADDR (the job's "
+            'first host: $(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)) and '
+            "MASTER_PORT (a free port, e.g. 29500) before srun (scripts/pretrain.sbatch does "
+            "so with LAUNCHER=srun)")
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank))
+
+
+def _gpu_index(local_rank: int) -> int:
+    """This process's GPU: its local rank, except where each process is shown only its own GPU,
+    as cuda:0 (srun's per-task binding, --gpus-per-task or --gpu-bind)."""
+    if local_rank > 0 and torch.cuda.device_count() == 1:
+        return 0
+    return local_rank
+
+
+def init_distributed(device: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Join the process group that torchrun or srun describes (world size > 1), else run alone.
+
+    Rank, world size and local rank come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK) when it
+    set them, else from srun when this process is one of a job step's tasks (SLURM_PROCID,
+    SLURM_NTASKS, SLURM_LOCALID: one task per GPU, no torchrun; MASTER_ADDR and MASTER_PORT
+    must be exported), else this is the only process.
     ``device`` forces "cpu" or "cuda"; by default CUDA is used when present, one GPU per local rank.
     ``timeout_s`` bounds every collective (default: 300 s with gloo, 600 s with NCCL).
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    launcher, rank, world, local_rank = _detect_launch()
+    joining = world > 1 and not dist.is_initialized()
+    if joining and launcher == "srun":
+        _export_srun_rank(rank, world, local_rank)
     use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
-    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    dev = torch.device("cuda", _gpu_index(local_rank)) if use_cuda else \
+        torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
     seconds = timeout_s or (NCCL_TIMEOUT_S if use_cuda else GLOO_TIMEOUT_S)
-    if world > 1 and not dist.is_initialized():
+    if joining:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=seconds))
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
