@@ -1,6 +1,7 @@
-"""torch.distributed set-up for torchrun (one node or many) and plain single-process runs.
+"""torch.distributed set-up for torchrun or srun (one node or many) and plain single-process runs.
 
-The model knows nothing of this: ``init_distributed`` reads torchrun's environment, and
+The model knows nothing of this: ``init_distributed`` reads torchrun's environment (or srun's,
+one task per GPU), and
 ``wrap_ddp`` applies DDP from outside, or ``shard_model`` FSDP2 (``train.fsdp``: every transformer
 layer, then the root, sharded with ``fully_shard``). NCCL on GPUs, gloo on CPU.
 
