@@ -75,6 +75,23 @@ def test_a_nan_initializer_range(tiny_args, tmp_path: Path, capsys) -> None:
                                       "positive finite number, got nan")
 
 
+def test_an_attention_kernel_the_device_lacks_is_refused_before_the_model(
+        tiny_args, tmp_path: Path, capsys, monkeypatch) -> None:
+    """flash on a CPU (bf16 set, so the config itself is fine): refused when the run starts,
+    not at the first forward after the model was built and the data opened."""
+    import bertforge.tasks.pretrain as pretrain_task
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(pretrain_task, "build_model", never)
+    assert main(["pretrain", *tiny_args(tmp_path / "run", "--precision=bf16",
+                                         "--train.attention_backend=flash")]) == 2
+    assert one_error_line(capsys).startswith(
+        "error: train.attention_backend=flash: the flash backend needs the flash-attn package, "
+        "a CUDA device and fp16/bf16 activations")
+
+
 def test_output_dir_that_is_a_file(tiny_args, tmp_path: Path, capsys) -> None:
     target = tmp_path / "not-a-dir"
     target.write_text("precious")

@@ -168,17 +168,53 @@ print("norms ok")
 '''
 
 
-def test_norms_of_sharded_tensors_are_full_tensor_norms(child_env, tmp_path: Path) -> None:
-    """global_grad_norm, clip_grad_norm_ and LAMB (trust ratios, clipping, moments) on
-    DTensor-sharded float64 parameters equal the unsharded computation to 1e-12."""
-    script = tmp_path / "norms.py"
-    script.write_text(NORMS_SCRIPT)
+def run_on_two_ranks(script_text: str, child_env, tmp_path: Path, done: str) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script)]
     proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("norms ok") == 2
+    assert proc.stdout.count(done) == 2
+
+
+def test_norms_of_sharded_tensors_are_full_tensor_norms(child_env, tmp_path: Path) -> None:
+    """global_grad_norm, clip_grad_norm_ and LAMB (trust ratios, clipping, moments) on
+    DTensor-sharded float64 parameters equal the unsharded computation to 1e-12."""
+    run_on_two_ranks(NORMS_SCRIPT, child_env, tmp_path, "norms ok")
+
+
+MIXED_PRECISION_SCRIPT = r'''
+import torch, torch.distributed as dist
+from bertforge.models import BertConfig, BertForMaskedLM
+from bertforge.train.distributed import init_distributed, shard_model
+
+info = init_distributed(device="cpu")
+torch.manual_seed(0)
+model = BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, intermediate_size=64,
+                                   max_position_embeddings=32))
+assert shard_model(model, info, torch.bfloat16)
+seen = []
+layer = model.bert.encoder.layer[1].intermediate.dense
+layer.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
+ids = torch.randint(5, 64, (2, 12))
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    out = model(ids, attention_mask=torch.ones_like(ids))
+out.logits.float().sum().backward()
+assert seen == [torch.bfloat16], seen                   # gathered for compute in bf16
+for name, p in model.named_parameters():                # the shards: fp32 master weights
+    assert p.dtype == torch.float32 and p.grad.dtype == torch.float32, name
+dist.destroy_process_group()
+print("mixed precision ok")
+'''
+
+
+def test_fsdp_gathers_weights_in_the_compute_dtype(child_env, tmp_path: Path) -> None:
+    """With bf16, FSDP2 all-gathers each layer's weights in bf16 (half the traffic of fp32) while
+    the shards, their gradients and so the optimizer stay fp32."""
+    run_on_two_ranks(MIXED_PRECISION_SCRIPT, child_env, tmp_path, "mixed precision ok")
 
 
 TINY_BART = {"model_type": "bart", "d_model": 32, "encoder_layers": 2, "decoder_layers": 2,

@@ -95,6 +95,9 @@ def test_bad_overrides_name_the_key(override: str, message: str) -> None:
     (["--data.masked_lm_prob=1.5"], r"data\.masked_lm_prob must be a finite number in \(0, 1\), got 1\.5"),
     (["--data.num_workers=-1"], r"data\.num_workers must be >= 0, got -1"),
     (["--checkpoint.every=0"], r"checkpoint\.every must be >= 1, got 0"),
+    (["--train.attention_backend=flash", "--precision=fp32"],
+     r"train\.attention_backend=flash needs bf16 or fp16 activations .* precision=fp32"),
+    (["--train.fsdp_reduce_dtype=fp16"], r"train\.fsdp_reduce_dtype must be one of fp32, bf16"),
 ])
 def test_invalid_values_are_rejected(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -131,6 +131,14 @@ class _Setup:
             # Fine-tuning tasks write their model from rank 0 alone (task.finish).
             raise ConfigError("train.fsdp=true is supported for pretraining only (bertforge "
                               "pretrain); fine-tune with train.fsdp=false (DDP)")
+        self.precision = build_precision(cfg.precision, info.device)
+        if cfg.train.unpad:  # before the model is built: the kernel exists here for this dtype
+            try:
+                resolve_backend(cfg.train.attention_backend, info.device,
+                                self.precision.dtype or torch.float32)
+            except ValueError as exc:
+                raise ConfigError(f"train.attention_backend={cfg.train.attention_backend}: "
+                                  f"{exc}") from None
         self.resume_from = None if benchmark else on_rank0(lambda: resolve_resume(cfg.resume, out))
         self.max_steps = total_steps(cfg, task)
         self.model = model = task.build_model(self.resume_from)
@@ -139,14 +147,6 @@ class _Setup:
         model.set_unpadding(cfg.train.unpad, cfg.train.attention_backend)
         if cfg.train.compile or (cfg.train.compile is None and info.device.type == "cuda"):
             model.compile_layers()  # before sharding: FSDP's hooks stay outside the graphs
-        self.precision = build_precision(cfg.precision, info.device)
-        if cfg.train.unpad:  # before the first forward: the kernel exists here for this dtype
-            try:
-                resolve_backend(cfg.train.attention_backend, info.device,
-                                self.precision.dtype or torch.float32)
-            except ValueError as exc:
-                raise ConfigError(f"train.attention_backend={cfg.train.attention_backend}: "
-                                  f"{exc}") from None
         # FSDP2 replaces the parameters with sharded ones (DTensors), so it comes before the
         # optimizer is built over them; DDP wraps the model at the end instead.
         self.sharded = bool(cfg.train.fsdp) and shard_model(
