@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import metadata, result_path, run_cli, spread, write_result  # noqa: E402
-from bertforge.batch import IGNORE_INDEX, LossOutput  # noqa: E402
+from bertforge.data.batch import IGNORE_INDEX, LossOutput  # noqa: E402
 
 GENERATION = dict(num_beams=4, length_penalty=2.0, min_length=20, max_length=60,
                   no_repeat_ngram_size=3, early_stopping=True)
@@ -48,10 +48,10 @@ def real_batches(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], objec
     from bertforge.config import NoiseConfig
     from bertforge.data.native import NativeDataset
     from bertforge.data.prepare import prepare
-    from bertforge.sample import build_sample_corpus
+    from bertforge.demo.corpus import build_sample_corpus
     from bertforge.tasks.denoise import DenoisingBatchMaker, noise_vocab
     from bertforge.tokenization import load_tokenizer
-    from bertforge.vocab import train_bpe
+    from bertforge.tokenization.training import train_bpe
 
     corpus = build_sample_corpus(tmp / "corpus.txt")
     train_bpe([corpus], vocab_size=args.vocab_size, output=tmp / "bpe", progress=False)
@@ -154,10 +154,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from bertforge.errors import ConfigError
-    from bertforge.generation import GenerationConfig, generate
+    from bertforge.models.generation import GenerationConfig, generate
     from bertforge.train.precision import float32_matmul
     from bertforge.tasks.denoise import seq2seq_loss
-    from bertforge.batch import to_device
+    from bertforge.data.batch import to_device
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible")

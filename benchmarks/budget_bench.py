@@ -15,7 +15,7 @@ evaluation), its loss curve, and the wall clock it took.
 
 Corpora (both built on this machine, nothing downloaded):
 
-* ``docstrings``: the stdlib docstring corpus (``bertforge.sample.build_sample_corpus``, 3 MB):
+* ``docstrings``: the stdlib docstring corpus (``bertforge.demo.corpus.build_sample_corpus``, 3 MB):
   technical English; the recipe was tuned on it.
 * ``squad``: the Wikipedia paragraphs of the SQuAD v1.1 dev set part in ``../shared/data``
   (1.05 MB, 32 articles, one document per article): encyclopedic English, never used for tuning.
@@ -43,7 +43,7 @@ def build_corpus(name: str, directory: Path) -> Path:
     """The corpus text file (sentences or paragraphs format, blank line between documents)."""
     directory.mkdir(parents=True, exist_ok=True)
     if name == "docstrings":
-        from bertforge.sample import build_sample_corpus
+        from bertforge.demo.corpus import build_sample_corpus
 
         return build_sample_corpus(directory / "docstrings.txt", max_bytes=3_000_000)
     source = SHARED / "squad" / "dev-v1.1-part-a.json"
@@ -60,7 +60,7 @@ def build_corpus(name: str, directory: Path) -> Path:
 
 def prepare_corpus(corpus: Path, work: Path, seq: int) -> Path:
     from bertforge.data.prepare import prepare
-    from bertforge.vocab import train_wordpiece
+    from bertforge.tokenization.training import train_wordpiece
 
     vocab = work / "vocab.txt"
     if not vocab.is_file():

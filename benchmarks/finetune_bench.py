@@ -283,7 +283,7 @@ def loss_check(task: Any, ours: Any, theirs: Any, batch: dict, device: Any) -> d
     """Eval-mode fp32 loss of both models on one batch; must agree to float rounding."""
     import torch
 
-    from bertforge.batch import to_device
+    from bertforge.data.batch import to_device
 
     batch = to_device(batch, device)
     ours.eval(), theirs.eval()

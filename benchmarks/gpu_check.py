@@ -258,7 +258,7 @@ def cmd_import_check(args: argparse.Namespace) -> None:
     """Every module the check's stages import, and blingfire's sentence splitter at work."""
     import importlib
 
-    modules = ["bertforge.cli", "bertforge.config", "bertforge.data.prepare", "bertforge.sample",
+    modules = ["bertforge.cli", "bertforge.config", "bertforge.data.prepare", "bertforge.demo.corpus",
                "bertforge.serve.app", "bertforge.serve.server", "bertforge.metrics.rouge",
                "bertforge.export", "omegaconf", "blingfire", "mwparserfromhell", "fastapi",
                "uvicorn", "pydantic", "rouge_score", "prometheus_client", "h5py", "matplotlib"]
@@ -285,7 +285,7 @@ def cmd_import_check(args: argparse.Namespace) -> None:
 
 
 def cmd_corpus(args: argparse.Namespace) -> None:
-    from bertforge.sample import build_sample_corpus
+    from bertforge.demo.corpus import build_sample_corpus
 
     path = build_sample_corpus(args.output)
     text = Path(path).read_text(encoding="utf-8")

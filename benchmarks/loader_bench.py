@@ -5,7 +5,7 @@
     python benchmarks/loader_bench.py --phase 2 --micro-batch 8 --workers 0
     python benchmarks/loader_bench.py --data data/phase1 --phase 1   # your own prepared data
 
-The data is the stdlib docstring sample corpus (``bertforge.sample``) prepared by
+The data is the stdlib docstring sample corpus (``bertforge.demo.corpus``) prepared by
 ``bertforge.data.prepare.prepare`` with the bert-base-uncased vocabulary (NSP pairs) at seq 128
 (phase 1, max_predictions 20) and seq 512 (phase 2, max_predictions 80). Its documents are
 short, so phase-2 instances are much shorter than 512 tokens (the length distribution is
@@ -66,7 +66,7 @@ def default_vocab() -> Path:
 def prepare_phase(tmp: Path, seq: int, max_predictions: int, fmt: str = "native") -> Path:
     """The sample corpus prepared at ``seq`` (NSP); returns the output directory."""
     from bertforge.data.prepare import prepare
-    from bertforge.sample import build_sample_corpus
+    from bertforge.demo.corpus import build_sample_corpus
 
     corpus = tmp / "corpus" / "sample.txt"
     if not corpus.is_file():

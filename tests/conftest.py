@@ -95,7 +95,7 @@ class TinyData:
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
     from bertforge.data.prepare import prepare
-    from bertforge.vocab import train_wordpiece
+    from bertforge.tokenization.training import train_wordpiece
 
     root = tmp_path_factory.mktemp("tiny")
     vocab = root / "vocab.txt"

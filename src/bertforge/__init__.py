@@ -20,15 +20,15 @@ _LAZY = {
     "BertForSequenceClassification": "bertforge.models.heads",
     "BertForMultipleChoice": "bertforge.models.heads",
     "BertForTokenClassification": "bertforge.models.heads",
-    "convert_nvidia_checkpoint": "bertforge.convert",
+    "convert_nvidia_checkpoint": "bertforge.models.convert",
     "BartConfig": "bertforge.models.bart_config",
     "BartModel": "bertforge.models.bart",
     "BartForConditionalGeneration": "bertforge.models.bart",
     "BartForSequenceClassification": "bertforge.models.bart",
-    "BpeTokenizer": "bertforge.bpe",
+    "BpeTokenizer": "bertforge.tokenization.bpe",
     "BertTokenizer": "bertforge.tokenization",
-    "GenerationConfig": "bertforge.generation",
-    "generate": "bertforge.generation",
+    "GenerationConfig": "bertforge.models.generation",
+    "generate": "bertforge.models.generation",
 }
 
 __all__ = ["__version__", *_LAZY]

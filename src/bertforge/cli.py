@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bertforge.errors import RunError, UserError, os_error_text
-from bertforge.signals import Stopped, raise_on_stop
+from bertforge.core.signals import Stopped, raise_on_stop
 
 Handler = Callable[[argparse.Namespace, list], int]
 
@@ -48,7 +48,7 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
 
 
 def _vocab(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.vocab import train_bpe, train_wordpiece
+    from bertforge.tokenization.training import train_bpe, train_wordpiece
 
     if args.type == "bpe":
         if args.cased:
@@ -88,7 +88,7 @@ def _inspect(args: argparse.Namespace, extra: list) -> int:
 
 
 def _convert(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.convert import convert_nvidia_checkpoint
+    from bertforge.models.convert import convert_nvidia_checkpoint
 
     out = convert_nvidia_checkpoint(Path(args.checkpoint), args.config, Path(args.output),
                                     vocab=Path(args.vocab) if args.vocab else None,

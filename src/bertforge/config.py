@@ -18,10 +18,10 @@ from typing import Any, List, Optional, Sequence, TypeVar
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from bertforge import limits
+from bertforge.core import limits
 from bertforge.errors import ConfigError
-from bertforge.io import write_text_atomic
-from bertforge.limits import (ATTENTION_BACKENDS, OPTIMIZERS, PRECISIONS, SCHEDULES,
+from bertforge.core.io import write_text_atomic
+from bertforge.core.limits import (ATTENTION_BACKENDS, OPTIMIZERS, PRECISIONS, SCHEDULES,
                              check_choice)
 
 T = TypeVar("T")

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from bertforge.cli import main
 from bertforge.errors import CheckpointError
-from bertforge.io import CHECKSUMS_NAME, write_checksums
+from bertforge.core.io import CHECKSUMS_NAME, write_checksums
 from bertforge.train.checkpoint import COMPLETE
 from bertforge.train.resume import verify_checkpoint
 from bertforge.tasks.pretrain import pretrain

@@ -19,7 +19,7 @@ import pytest
 from bertforge.data import lines
 from bertforge.data.corpus import Document, ReadStats, document_sentences, iter_documents
 from bertforge.data.lines import Notes, iter_lines
-from bertforge.vocab import train_wordpiece
+from bertforge.tokenization.training import train_wordpiece
 
 CORPUS = Path(__file__).resolve().parents[1] / "assets" / "tiny_corpus.txt"
 TEXT = (

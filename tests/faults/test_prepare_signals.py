@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 import psutil
 import pytest
 
-from bertforge.io import TMP_MARK
+from bertforge.core.io import TMP_MARK
 
 pytestmark = pytest.mark.slow
 

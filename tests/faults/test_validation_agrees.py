@@ -1,5 +1,5 @@
 """User input is validated once, at the config/CLI boundary, from the constants of
-``bertforge.limits``; library classes check their own arguments against the same constants. So the
+``bertforge.core.limits``; library classes check their own arguments against the same constants. So the
 config and the library accept exactly the same values (they used to disagree: lr > 0 in the config
 but >= 0 in Lamb, masked_lm_prob < 1 in the config but <= 1 in the loader), and library errors are
 ``ValueError``s in the library's own parameter names, never config keys."""

@@ -31,7 +31,7 @@ TINY_BART = {"model_type": "bart", "d_model": 32, "encoder_layers": 2, "decoder_
 @pytest.fixture(scope="module")
 def bart_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from bertforge.data.prepare import prepare
-    from bertforge.vocab import train_bpe
+    from bertforge.tokenization.training import train_bpe
 
     root = tmp_path_factory.mktemp("bart")
     train_bpe([CORPUS], vocab_size=400, output=root / "bpe", min_frequency=1, progress=False)

@@ -28,7 +28,7 @@ def test_demo_runs_every_stage(tmp_path: Path) -> None:
 
 def test_sample_qa_is_squad_with_answers_at_their_offsets(tmp_path: Path) -> None:
     from bertforge.data.finetuning.squad import read_squad
-    from bertforge.sample_qa import build_sample_qa
+    from bertforge.demo.qa_data import build_sample_qa
 
     train, dev, n_train, n_dev = build_sample_qa(tmp_path)
     a, b = read_squad(train), read_squad(dev)

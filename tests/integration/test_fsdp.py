@@ -227,7 +227,7 @@ def test_bart_denoising_with_fsdp_equals_one_process(child_env, tmp_path: Path) 
     from bertforge.config import PretrainConfig, load_config
     from bertforge.data.prepare import prepare
     from bertforge.recipes import resolve_recipe
-    from bertforge.vocab import train_bpe
+    from bertforge.tokenization.training import train_bpe
 
     corpus = Path(__file__).resolve().parents[1] / "assets" / "tiny_corpus.txt"
     train_bpe([corpus], vocab_size=400, output=tmp_path / "bpe", min_frequency=1, progress=False)

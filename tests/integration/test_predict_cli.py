@@ -136,10 +136,10 @@ def test_text_modes_from_options_and_from_stdin(models, capsys, monkeypatch, mod
 
 
 def test_summarize_mode(tmp_path, capsys, monkeypatch):
-    from bertforge.bpe import BpeTokenizer
-    from bertforge.generation import GenerationConfig
+    from bertforge.tokenization.bpe import BpeTokenizer
+    from bertforge.models.generation import GenerationConfig
     from bertforge.models.bart import BartConfig, BartForConditionalGeneration
-    from bertforge.vocab import train_bpe
+    from bertforge.tokenization.training import train_bpe
 
     corpus = Path(__file__).resolve().parents[1] / "assets" / "tiny_corpus.txt"
     train_bpe([corpus], vocab_size=300, output=tmp_path / "bpe", min_frequency=1, progress=False)

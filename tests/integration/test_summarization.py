@@ -36,10 +36,10 @@ def lead(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A fresh tiny BART with a BPE tokenizer of the corpus, and lead-sentence data: articles of
     three corpus sentences in random order, the first one as the summary (dev articles are
     combinations not seen in training)."""
-    from bertforge.bpe import BpeTokenizer
+    from bertforge.tokenization.bpe import BpeTokenizer
     from bertforge.data.segment import split_sentences
     from bertforge.models.bart import BartConfig, BartForConditionalGeneration
-    from bertforge.vocab import train_bpe
+    from bertforge.tokenization.training import train_bpe
 
     root = tmp_path_factory.mktemp("lead")
     train_bpe([CORPUS], vocab_size=400, output=root / "bpe", min_frequency=1, progress=False)
@@ -108,8 +108,8 @@ def test_lead_task_is_learned_and_every_command_agrees(tmp_path, lead, capsys):
     # transformers loads the directory whole and, with the saved generation_config.json,
     # generates the same tokens as bertforge.
     transformers = pytest.importorskip("transformers")
-    from bertforge.bpe import BpeTokenizer
-    from bertforge.generation import generate
+    from bertforge.tokenization.bpe import BpeTokenizer
+    from bertforge.models.generation import generate
     from bertforge.models.bart import BartForConditionalGeneration
 
     hf, info = transformers.BartForConditionalGeneration.from_pretrained(

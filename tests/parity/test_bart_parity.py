@@ -186,7 +186,7 @@ def test_incremental_decoding_equals_full_decoding(tmp_path):
 def test_on_gpu_fp32_logits_and_beam_search_match_transformers(tmp_path):
     """On CUDA (flash / memory-efficient attention kernels): fp32 logits within 1e-4 of
     transformers', bf16 autocast within 0.05 of our fp32, and beam search token-identical."""
-    from bertforge.generation import GenerationConfig, generate
+    from bertforge.models.generation import GenerationConfig, generate
 
     hf = hf_model("BartForConditionalGeneration", SHAPES[0], False, scale=False, seed=9)
     ours = roundtrip(hf, BartForConditionalGeneration, tmp_path).cuda()

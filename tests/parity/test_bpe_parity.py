@@ -18,8 +18,8 @@ from tokenizers import AddedToken, Tokenizer, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
-from bertforge.bpe import BpeTokenizer
-from bertforge.vocab import train_bpe
+from bertforge.tokenization.bpe import BpeTokenizer
+from bertforge.tokenization.training import train_bpe
 
 transformers = pytest.importorskip("transformers")
 

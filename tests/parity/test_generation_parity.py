@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bertforge.errors import ConfigError
-from bertforge.generation import GENERATION_CONFIG_NAME, GenerationConfig, generate
+from bertforge.models.generation import GENERATION_CONFIG_NAME, GenerationConfig, generate
 from bertforge.models.bart import BartForConditionalGeneration
 
 transformers = pytest.importorskip("transformers")

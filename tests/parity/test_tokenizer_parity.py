@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bertforge.tokenization import BertTokenizer
-from bertforge.vocab import train_wordpiece
+from bertforge.tokenization.training import train_wordpiece
 
 transformers = pytest.importorskip("transformers")
 

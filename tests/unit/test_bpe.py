@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertforge.bpe import BPE_SPECIAL_TOKENS, BpeTokenizer, bpe_hash
+from bertforge.tokenization.bpe import BPE_SPECIAL_TOKENS, BpeTokenizer, bpe_hash
 from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization import BertTokenizer, load_tokenizer, read_vocab_tokens
-from bertforge.vocab import BpeReport, train_bpe, train_wordpiece
+from bertforge.tokenization.training import BpeReport, train_bpe, train_wordpiece
 
 CORPUS = Path(__file__).resolve().parents[1] / "assets" / "tiny_corpus.txt"
 SAVED = ["merges.txt", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
@@ -259,7 +259,7 @@ def test_training_asks_for_more_than_the_corpus_has(tmp_path: Path) -> None:
 def test_training_is_deterministic_across_processes(tmp_path: Path) -> None:
     # Hash-map seeds differ between processes, so a second process is the real check.
     train_bpe([str(CORPUS)], 500, tmp_path / "a", min_frequency=1, progress=False)
-    code = ("import sys; from bertforge.vocab import train_bpe; "
+    code = ("import sys; from bertforge.tokenization.training import train_bpe; "
             "train_bpe([sys.argv[1]], 500, sys.argv[2], min_frequency=1, progress=False)")
     subprocess.run([sys.executable, "-c", code, str(CORPUS), str(tmp_path / "b")], check=True)
     for name in SAVED:

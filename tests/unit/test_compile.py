@@ -89,7 +89,7 @@ def test_generation_runs_eagerly_on_a_model_compiled_for_training() -> None:
     instead and gives the eager model's tokens."""
     from torch._dynamo.utils import counters
 
-    from bertforge.generation import GenerationConfig
+    from bertforge.models.generation import GenerationConfig
     from bertforge.inference.generate import generate_texts
     from bertforge.models.bart import BartForConditionalGeneration
     from bertforge.models.bart_config import BartConfig

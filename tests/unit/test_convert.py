@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bertforge.convert import convert_nvidia_checkpoint
+from bertforge.models.convert import convert_nvidia_checkpoint
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.models import BertConfig, BertForPreTraining, BertForQuestionAnswering
 

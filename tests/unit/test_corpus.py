@@ -24,7 +24,7 @@ from bertforge.data.corpus import (
 )
 from bertforge.data.segment import split_sentences, wiki_to_paragraphs
 from bertforge.errors import ConfigError, DataError
-from bertforge.sample import build_sample_corpus, module_sentences
+from bertforge.demo.corpus import build_sample_corpus, module_sentences
 
 OPENERS = [(".gz", gzip.open), (".bz2", bz2.open), (".xz", lzma.open)]
 TEXT = "The cat sat. It purred loudly.\nA second line here.\n\n\nDoc two starts. Then ends.\n"

@@ -30,7 +30,7 @@ CLS, SEP = 2, 3
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory: pytest.TempPathFactory) -> BertTokenizer:
-    from bertforge.vocab import train_wordpiece
+    from bertforge.tokenization.training import train_wordpiece
 
     vocab = tmp_path_factory.mktemp("vocab") / "vocab.txt"
     train_wordpiece([CORPUS], vocab_size=1000, output=vocab, progress=False)

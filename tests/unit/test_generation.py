@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertforge.errors import ConfigError
-from bertforge.generation import GENERATION_CONFIG_NAME, GenerationConfig, generate
+from bertforge.models.generation import GENERATION_CONFIG_NAME, GenerationConfig, generate
 
 V = 12
 BOS, PAD, EOS = 0, 1, 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bertforge.data.native_writer import remove_temp_files
-from bertforge.io import atomic_write, temp_name, write_json_atomic, write_text_atomic
+from bertforge.core.io import atomic_write, temp_name, write_json_atomic, write_text_atomic
 
 
 def test_text_is_written_exactly_with_umask_permissions(tmp_path: Path) -> None:

@@ -66,10 +66,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def bart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny BART with a BPE tokenizer of the test corpus and generation settings."""
-    from bertforge.bpe import BpeTokenizer
-    from bertforge.generation import GenerationConfig
+    from bertforge.tokenization.bpe import BpeTokenizer
+    from bertforge.models.generation import GenerationConfig
     from bertforge.models.bart import BartConfig, BartForConditionalGeneration
-    from bertforge.vocab import train_bpe
+    from bertforge.tokenization.training import train_bpe
 
     root = tmp_path_factory.mktemp("bart")
     train_bpe([CORPUS], vocab_size=300, output=root / "bpe", min_frequency=1, progress=False)

@@ -106,7 +106,7 @@ def test_counts_agree_with_cuda_sync_debug_mode() -> None:
     optimizer = build_optimizer(model, "lamb", lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
     scheduler = build_scheduler(optimizer, "constant", total_steps=10, warmup=0.0)
     precision = build_precision("bf16", device)
-    from bertforge.batch import to_device
+    from bertforge.data.batch import to_device
 
     group = [to_device(collate_rows(rows(), pad_id=0, pad_to_multiple_of=8), device)]
     params = list(model.parameters())

@@ -13,7 +13,7 @@ import pytest
 
 from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer, check_casing
-from bertforge.vocab import train_wordpiece
+from bertforge.tokenization.training import train_wordpiece
 
 CORPUS = Path(__file__).resolve().parents[1] / "assets" / "tiny_corpus.txt"
 
@@ -77,7 +77,7 @@ def test_deterministic_across_processes(tmp_path: Path) -> None:
     # Hash-map seeds differ between processes, so a second process is the real check.
     _train(tmp_path / "vocab.txt")
     code = (
-        "import sys; from bertforge.vocab import train_wordpiece; "
+        "import sys; from bertforge.tokenization.training import train_wordpiece; "
         "train_wordpiece([sys.argv[1]], 300, sys.argv[2], min_frequency=1, progress=False)"
     )
     again = tmp_path / "again.txt"

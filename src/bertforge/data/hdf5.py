@@ -24,10 +24,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from bertforge.batch import IGNORE_INDEX
+from bertforge.data.batch import IGNORE_INDEX
 from bertforge.data.masking import mask_tokens
 from bertforge.errors import ConfigError, DataError
-from bertforge.io import atomic_write
+from bertforge.core.io import atomic_write
 
 
 # name -> (dtype, rank); the dtypes NVIDIA's writer uses, so its loader reads our files as-is.

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertforge.data import native
-from bertforge.batch import IGNORE_INDEX
+from bertforge.data.batch import IGNORE_INDEX
 from bertforge.data.loader import MicroBatchMaker, masking_spec
 from bertforge.errors import DataError
 

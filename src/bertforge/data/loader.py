@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bertforge import limits
-from bertforge.batch import IGNORE_INDEX
+from bertforge.core import limits
+from bertforge.data.batch import IGNORE_INDEX
 from bertforge.data.masking import mask_tokens, normalize_special_ids, order_rng, sample_rng
 from bertforge.data.packing import first_fit_decreasing
 from bertforge.errors import CheckpointError, DataError

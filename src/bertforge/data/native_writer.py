@@ -5,7 +5,7 @@ itself, so the bytes depend only on the data: sorted JSON keys, fixed tensor ord
 order. Instances that carry ``sentence_ends`` (objective ``denoise``) add the two sentence
 tensors, permuted by the same length-bin sort as the instances. ``build_manifest`` and
 ``write_manifest`` describe a finished ``prepare`` run. Every file appears atomically
-(:mod:`bertforge.io`), so an existing shard is a finished shard.
+(:mod:`bertforge.core.io`), so an existing shard is a finished shard.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from bertforge.data.native import (
     SHARD_SUFFIX,
     TENSOR_ORDER,
 )
-from bertforge.io import TMP_MARK, atomic_write, write_json_atomic
+from bertforge.core.io import TMP_MARK, atomic_write, write_json_atomic
 
 DEFAULT_BIN_WIDTH = 32
 STAT_KEYS = ("documents", "sentences", "instances", "tokens", "skipped_documents")

@@ -33,14 +33,14 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from bertforge import limits
+from bertforge.core import limits
 from bertforge.data import native, native_writer
 from bertforge.data import prepare_worker as worker
 from bertforge.data.instances import check_instance_settings
 from bertforge.data.prepare_worker import load_tokenizer
 from bertforge.errors import ConfigError, DataError
-from bertforge.io import write_json_atomic
-from bertforge.signals import Stopped, raise_on_stop
+from bertforge.core.io import write_json_atomic
+from bertforge.core.signals import Stopped, raise_on_stop
 
 SETTINGS_NAME = "prepare-settings.json"
 TOKENIZER_DIR = "tokenizer"

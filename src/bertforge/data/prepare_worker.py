@@ -25,7 +25,7 @@ import numpy as np
 from bertforge.data import native, native_writer
 from bertforge.data.instances import Instance, create_instances
 from bertforge.errors import DataError, UserError
-from bertforge.signals import STOP_SIGNALS
+from bertforge.core.signals import STOP_SIGNALS
 
 HDF5_SUFFIX = ".hdf5"
 PARENT_POLL_S = 0.5  # how soon a pool worker notices that the main process is gone

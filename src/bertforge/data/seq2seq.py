@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from bertforge.batch import IGNORE_INDEX
+from bertforge.data.batch import IGNORE_INDEX
 from bertforge.models.unpad import layout_batch_entries
 
 

@@ -40,7 +40,7 @@ from bertforge.export.inputs import (Batch, EncodedSample, encode_sample, read_s
                                      synthetic_batches, trimmed)
 from bertforge.export.quantize import QuantizationReport, compare_int8, quantize_int8
 from bertforge.export.runtime import FP32_FILE, INT8_FILE, ort_session
-from bertforge.io import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
+from bertforge.core.io import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
 
 DEFAULT_ATOL = 1e-4
 """Largest max-abs difference between PyTorch and onnxruntime fp32 outputs an export may show."""

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from bertforge.export.heads import INPUT_NAMES, SEQUENCE, HeadSpec
-from bertforge.io import write_text_atomic
+from bertforge.core.io import write_text_atomic
 from bertforge.models.config import BertConfig
 
 DEFAULT_QUEUE_DELAY_US = 500

@@ -18,7 +18,7 @@ import torch
 
 from bertforge.data.seq2seq import pad_rows
 from bertforge.errors import ConfigError
-from bertforge.generation import GenerationConfig, generate
+from bertforge.models.generation import GenerationConfig, generate
 
 
 def generation_settings(model: Any, overrides: dict[str, Any], *, source: str,
@@ -83,7 +83,7 @@ def generate_file(model_dir: Path, input_path: Path, output: Path, *,
     CNN/DailyMail story directory, or a plain .txt file with one text per line.
     """
     from bertforge.data.finetuning.summarization import read_summarization
-    from bertforge.io import write_text_atomic
+    from bertforge.core.io import write_text_atomic
     from bertforge.models.bart import BartForConditionalGeneration
     from bertforge.tokenization import load_tokenizer
     from bertforge.train.precision import build_precision

@@ -14,7 +14,7 @@ worth knowing when reading it:
 * the LM head adds ``final_logits_bias``, a buffer transformers keeps at zero.
 
 Attention runs through ``scaled_dot_product_attention``. Generation uses ``encode``,
-``decode_step`` and ``reorder_cache`` with a ``KVCache`` (see ``bertforge.generation``).
+``decode_step`` and ``reorder_cache`` with a ``KVCache`` (see ``bertforge.models.generation``).
 """
 
 from __future__ import annotations
@@ -478,11 +478,11 @@ class BartForConditionalGeneration(BartPreTrainedModel):
         # checkpoint says otherwise).
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         self.generation_config: Any = None
-        """``bertforge.generation.GenerationConfig`` saved with the model (generation_config.json)
+        """``bertforge.models.generation.GenerationConfig`` saved with the model (generation_config.json)
         and used by every command unless overridden; None when the model has none."""
 
     def load_extras(self, directory: Path) -> None:
-        from bertforge.generation import GENERATION_CONFIG_NAME, GenerationConfig
+        from bertforge.models.generation import GENERATION_CONFIG_NAME, GenerationConfig
 
         if (directory / GENERATION_CONFIG_NAME).is_file():
             self.generation_config = GenerationConfig.load(directory)
@@ -515,7 +515,7 @@ class BartForConditionalGeneration(BartPreTrainedModel):
         return Seq2SeqLMOutput(logits=self.logits(hidden),
                                encoder_last_hidden_state=out.encoder_last_hidden_state)
 
-    # -- the interface of bertforge.generation ---------------------------------------------
+    # -- the interface of bertforge.models.generation ---------------------------------------------
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """(B, S) -> (B, S, D) encoder output."""
         return self.model.encoder(input_ids, attention_mask)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from bertforge.errors import ConfigError
-from bertforge.io import write_json_atomic
+from bertforge.core.io import write_json_atomic
 
 # Keys transformers writes into every config.json. A dict holding one of them was written by
 # transformers, whose configs carry many generic attributes: unknown keys are then tolerated.

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import CheckpointError
-from bertforge.io import atomic_write
+from bertforge.core.io import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge.limits import ATTENTION_BACKENDS as BACKENDS
+from bertforge.core.limits import ATTENTION_BACKENDS as BACKENDS
 
 # Batch keys of a layout computed by the loader (contracts.md, "micro-batch").
 LAYOUT_KEYS = ("token_indices", "cu_seqlens", "max_seqlen", "min_seqlen")
@@ -139,7 +139,7 @@ def token_layout(attention_mask: torch.Tensor, position_ids: torch.Tensor | None
 
 def layout_from_batch(batch: Mapping) -> TokenLayout | None:
     """The layout the loader computed for this batch (``LAYOUT_KEYS``), on the batch's device
-    (``max_seqlen`` and ``min_seqlen`` stay on the host: ``bertforge.batch.HOST_KEYS``), or None
+    (``max_seqlen`` and ``min_seqlen`` stay on the host: ``bertforge.data.batch.HOST_KEYS``), or None
     when the batch carries none."""
     if "cu_seqlens" not in batch:
         return None

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bertforge import limits
+from bertforge.core import limits
 
 try:
     from torch.distributed.tensor import DTensor
@@ -160,7 +160,7 @@ class Lamb(torch.optim.Optimizer):
 
     Any floating dtype torch.optim accepts works (float16, bfloat16, float32, float64); norms are
     taken in float32, or in float64 for float64 tensors. Arguments outside the ranges of
-    :mod:`bertforge.limits` raise ``ValueError``.
+    :mod:`bertforge.core.limits` raise ``ValueError``.
 
     After each :meth:`step`, ``last_grad_norm`` holds the pre-clip global gradient norm as a
     float32 0-d tensor on the parameters' device (read it with ``.item()`` only when logging).

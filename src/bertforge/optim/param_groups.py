@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from bertforge.limits import OPTIMIZERS, check_choice
+from bertforge.core.limits import OPTIMIZERS, check_choice
 from bertforge.optim.lamb import Lamb
 
 _NORM_TYPES: tuple[type, ...] = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)

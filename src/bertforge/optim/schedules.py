@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from bertforge import limits
-from bertforge.limits import SCHEDULES, check_choice
+from bertforge.core import limits
+from bertforge.core.limits import SCHEDULES, check_choice
 
 
 def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,

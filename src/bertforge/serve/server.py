@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from bertforge.errors import ConfigError, UserError
-from bertforge.signals import Stopped, raise_on_stop
+from bertforge.core.signals import Stopped, raise_on_stop
 
 API_KEY_ENV = "BERTFORGE_API_KEY"
 BACKENDS = ("torch", "onnx", "onnx-int8")

@@ -13,7 +13,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 from torch import nn
 
-from bertforge.batch import Batch, LossOutput
+from bertforge.data.batch import Batch, LossOutput
 
 
 class TrainStream(Protocol):

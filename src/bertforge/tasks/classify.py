@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge.batch import Batch, LossOutput, real_tokens
+from bertforge.data.batch import Batch, LossOutput, real_tokens
 from bertforge.data.finetuning import (LabelMap, TextExample, glue_task, read_classification,
                                        read_glue)
 from bertforge.errors import ConfigError

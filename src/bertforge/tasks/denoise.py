@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.batch import IGNORE_INDEX, Batch, LossOutput
+from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput
 from bertforge.config import PretrainConfig
 from bertforge.data.masking import normalize_special_ids, sample_rng
 from bertforge.data.noising import NoiseSpec, NoiseVocab, noise

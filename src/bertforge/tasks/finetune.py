@@ -25,11 +25,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.batch import Batch, LossOutput, real_tokens, to_device
+from bertforge.data.batch import Batch, LossOutput, real_tokens, to_device
 from bertforge.config import FinetuneConfig, save_config
 from bertforge.data.loader import PretrainingLoader, pin_batch
 from bertforge.errors import ConfigError, DataError
-from bertforge.io import write_json_atomic, write_text_atomic
+from bertforge.core.io import write_json_atomic, write_text_atomic
 from bertforge.models.auto import config_class, load_config
 from bertforge.models.hub import PreTrainedModel
 from bertforge.tokenization import load_tokenizer

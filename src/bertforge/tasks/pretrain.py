@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens, to_device
+from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens, to_device
 from bertforge.config import PretrainConfig
 from bertforge.errors import ConfigError
 from bertforge.models.unpad import layout_from_batch

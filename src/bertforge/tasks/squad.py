@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge.batch import Batch, LossOutput, real_tokens
+from bertforge.data.batch import Batch, LossOutput, real_tokens
 from bertforge.data.finetuning.qa_postprocess import NO_SPAN_ODDS, QAPredictions
 from bertforge.data.finetuning.squad import (QAFeatures, postprocess_qa, qa_features, read_squad,
                                              write_qa_outputs)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bertforge.batch import Batch, LossOutput
+from bertforge.data.batch import Batch, LossOutput
 from bertforge.config import FinetuneConfig
 from bertforge.data.finetuning.summarization import SummaryExample, read_summarization
 from bertforge.data.seq2seq import collate_seq2seq

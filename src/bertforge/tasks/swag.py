@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertforge.batch import Batch, LossOutput
+from bertforge.data.batch import Batch, LossOutput
 from bertforge.data.finetuning import ChoiceExample, read_swag
 from bertforge.errors import DataError
 from bertforge.metrics.classification import accuracy

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
+from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
 from bertforge.data.finetuning import LabelMap, TaggedExample, read_token_tags
 from bertforge.errors import ConfigError
 from bertforge.metrics.seqeval import entity_scores

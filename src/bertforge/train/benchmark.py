@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from bertforge.io import write_json_atomic
+from bertforge.core.io import write_json_atomic
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import peak_flops
 from bertforge.train.loop import LoopConfig, step_groups, train_step

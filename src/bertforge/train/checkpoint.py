@@ -57,7 +57,7 @@ import torch
 
 import bertforge
 from bertforge.errors import CheckpointError, RunError
-from bertforge.io import fsync_dir, fsync_file, write_checksums, write_text_atomic
+from bertforge.core.io import fsync_dir, fsync_file, write_checksums, write_text_atomic
 
 COMPLETE = "COMPLETE"
 TRAINING_STATE = "training_state"

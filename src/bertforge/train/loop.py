@@ -21,10 +21,10 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 import torch
 from torch import nn
 
-from bertforge.batch import LossOutput, to_device
+from bertforge.data.batch import LossOutput, to_device
 from bertforge.errors import DataError, TrainingDiverged
 from bertforge.optim.lamb import clip_grad_norm_, global_grad_norm
-from bertforge.signals import STOP_SIGNALS
+from bertforge.core.signals import STOP_SIGNALS
 from bertforge.train.distributed import DistInfo, all_reduce_mean, any_rank, no_sync
 from bertforge.train.precision import Precision
 
@@ -131,7 +131,7 @@ def step_groups(batches: Iterable[dict], k: int, device: torch.device) -> Iterat
 
 class PreemptionFlag:
     """SIGTERM / SIGUSR1 set a flag; the loop saves at the next step boundary and exits cleanly.
-    Outside the loop the previous handlers apply (``bertforge.signals.raise_on_stop``)."""
+    Outside the loop the previous handlers apply (``bertforge.core.signals.raise_on_stop``)."""
 
     def __init__(self) -> None:
         self.requested = False

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from bertforge.errors import CheckpointError, ConfigError
-from bertforge.io import CHECKSUMS_NAME, read_checksums, verify_checksums
+from bertforge.core.io import CHECKSUMS_NAME, read_checksums, verify_checksums
 from bertforge.train.checkpoint import (COMPLETE, TRAINING_STATE, CheckpointManager,
                                         checkpoint_step, load_json, required_files)
 

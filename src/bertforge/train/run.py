@@ -3,7 +3,7 @@
 ``run_task`` (and ``benchmark_task``) take a ``bertforge.tasks.base.Task`` and a run config; the
 task brings data, model, loss and metrics, everything else is here. SIGTERM/SIGUSR1 during the
 train loop save a checkpoint and return (``preempted``); outside it (start-up, the final
-evaluation) they raise ``bertforge.signals.Stopped`` at once.
+evaluation) they raise ``bertforge.core.signals.Stopped`` at once.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from torch import nn
 from bertforge.config import (FinetuneConfig, RunConfig, run_defining_keys, save_config,
                               to_dict)
 from bertforge.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
-from bertforge.io import ensure_writable_dir
+from bertforge.core.io import ensure_writable_dir
 from bertforge.models.unpad import resolve_backend
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.optim.param_groups import needs_external_clipping
-from bertforge.signals import Stopped, raise_on_stop
+from bertforge.core.signals import Stopped, raise_on_stop
 from bertforge.tasks.base import Task
 from bertforge.train import benchmark as bench
 from bertforge.train.checkpoint import (SHARDED_OPTIMIZER, TRAINING_STATE, CheckpointManager,

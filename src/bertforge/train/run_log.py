@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from bertforge.io import write_text_atomic
+from bertforge.core.io import write_text_atomic
 
 log = logging.getLogger(__name__)
 

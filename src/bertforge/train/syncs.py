@@ -114,7 +114,7 @@ def host_resident(optimizer: torch.optim.Optimizer | None,
                   batches: Iterable[dict]) -> list[torch.Tensor]:
     """The tensors of a training step that stay on the host by design: the optimizer's step
     counters (as in torch's own optimizers unless ``capturable``) and the batches' ``HOST_KEYS``."""
-    from bertforge.batch import HOST_KEYS
+    from bertforge.data.batch import HOST_KEYS
 
     out = [b[k] for b in batches for k in HOST_KEYS if k in b]
     for state in (optimizer.state.values() if optimizer is not None else ()):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bertforge.io import write_json_atomic
+from bertforge.core.io import write_json_atomic
 
 if TYPE_CHECKING:
     from bertforge.data.finetuning.squad import QAExample, QAFeatures

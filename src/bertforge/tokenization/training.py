@@ -21,10 +21,12 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer, WordPieceTrainer
 from tqdm import tqdm
 
-from bertforge.bpe import BPE_SPECIAL_TOKENS, BpeTokenizer, parse_bpe_tokenizer_json
-from bertforge.data.corpus import FORMATS, ReadStats, document_sentences, expand_inputs, iter_documents
+from bertforge.tokenization.bpe import BPE_SPECIAL_TOKENS, BpeTokenizer, parse_bpe_tokenizer_json
+from bertforge.data.corpus import (FORMATS, ReadStats, document_sentences, expand_inputs,
+                                   iter_documents)
 from bertforge.errors import ConfigError, DataError
-from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer, _bert_normalizer, _wordpiece
+from bertforge.tokenization.wordpiece import (SPECIAL_TOKENS, BertTokenizer, _bert_normalizer,
+                                              _wordpiece)
 
 __all__ = ["BpeReport", "VocabReport", "train_bpe", "train_wordpiece"]
 

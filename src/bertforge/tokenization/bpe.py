@@ -8,7 +8,7 @@ Sequences are "<s> A </s>" and "<s> A </s></s> B </s>".
 
 BART's special tokens are <s> <pad> </s> <unk> <mask>. Their ids are always looked up, never
 assumed: BART's own vocabulary has <s>=0 <pad>=1 </s>=2 <unk>=3 and <mask>=50264 (last), while
-the vocabularies ``bertforge.vocab.train_bpe`` writes put the five first, ids 0..4. <mask> eats
+the vocabularies ``bertforge.tokenization.training.train_bpe`` writes put the five first, ids 0..4. <mask> eats
 the space before it (as in transformers), so "a <mask> b" is "a", "<mask>", "Ġb".
 
 A tokenizer is loaded from GPT-2-style vocab.json + merges.txt, from a tokenizer.json, or from a
@@ -28,8 +28,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processo
 from tokenizers.models import BPE
 
 from bertforge.errors import DataError
-from bertforge.io import write_json_atomic, write_text_atomic
-from bertforge.tokenization import BackendTokenizer, _read_json, _tokenizer_json_tokens
+from bertforge.core.io import write_json_atomic, write_text_atomic
+from bertforge.tokenization.base import BackendTokenizer, read_json_object, tokenizer_json_tokens
 
 __all__ = ["BPE_SPECIAL_TOKENS", "BpeTokenizer", "bpe_hash", "parse_bpe_tokenizer_json",
            "read_bpe_directory", "read_bpe_tokenizer_json", "read_merges_txt", "read_vocab_json"]
@@ -55,13 +55,13 @@ def bpe_hash(tokens: Sequence[str], merges: Sequence[Merge]) -> str:
 def read_vocab_json(path: str | Path) -> list[str]:
     """Tokens in id order of a GPT-2/BART vocab.json (``{token: id}``, ids 0..n-1), validated."""
     path = Path(path)
-    vocab = _read_json(path)
+    vocab = read_json_object(path)
     if isinstance(vocab.get("model"), dict):
         raise DataError(f"{path} is a tokenizer.json, not a vocab.json; load it with "
                         "BpeTokenizer.from_file")
     if not vocab:
         raise DataError(f"{path}: the vocabulary is empty; train one with "
-                        "`bertforge.vocab.train_bpe`")
+                        "`bertforge.tokenization.training.train_bpe`")
     bad = next(((t, i) for t, i in vocab.items() if type(i) is not int), None)
     if bad is not None:
         raise DataError(f"{path}: token {bad[0]!r} has id {bad[1]!r}; vocab.json maps every token "
@@ -109,7 +109,7 @@ def read_bpe_tokenizer_json(path: str | Path) -> tuple[list[str], list[Merge], b
     "##"-style affixes or without GPT-2's byte-level pre-tokenizer), since splitting its text our
     way would silently give other ids.
     """
-    return parse_bpe_tokenizer_json(_read_json(Path(path)), Path(path))
+    return parse_bpe_tokenizer_json(read_json_object(Path(path)), Path(path))
 
 
 def parse_bpe_tokenizer_json(data: dict, path: str | Path) -> tuple[list[str], list[Merge], bool]:
@@ -140,7 +140,7 @@ def parse_bpe_tokenizer_json(data: dict, path: str | Path) -> tuple[list[str], l
             raise DataError(f"{path}: merge {k} is {entry!r}, not \"a b\" or [\"a\", \"b\"]; "
                             "the file is damaged")
         merges.append((pair[0], pair[1]))
-    return _tokenizer_json_tokens(path, data), merges, bool(pre.get("add_prefix_space", False))
+    return tokenizer_json_tokens(path, data), merges, bool(pre.get("add_prefix_space", False))
 
 
 def read_bpe_directory(directory: str | Path) -> tuple[list[str], list[Merge], bool | None] | None:
@@ -188,7 +188,7 @@ class BpeTokenizer(BackendTokenizer):
             raise DataError(
                 f"{source}: special token(s) {' '.join(missing)} missing from the vocabulary; a "
                 f"BART vocabulary needs all of {' '.join(BPE_SPECIAL_TOKENS)} (train one with "
-                "`bertforge.vocab.train_bpe`)"
+                "`bertforge.tokenization.training.train_bpe`)"
             )
         self.merges: tuple[Merge, ...] = tuple((a, b) for a, b in merges)
         unknown = next(((k, a, b) for k, (a, b) in enumerate(self.merges, start=1)
@@ -271,7 +271,7 @@ class BpeTokenizer(BackendTokenizer):
                             "is it a BART model directory?")
         tokens, merges, prefix = found
         config_path = directory / "tokenizer_config.json"
-        config = _read_json(config_path) if config_path.exists() else {}
+        config = read_json_object(config_path) if config_path.exists() else {}
         if isinstance(config.get("add_prefix_space"), bool):
             prefix = config["add_prefix_space"]
         max_len = config.get("model_max_length", DEFAULT_MAX_LENGTH)

@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 
 from bertforge.data.segment import split_sentences
-from bertforge.io import write_text_atomic
-from bertforge.sample import is_prose, prose_paragraphs, stdlib_modules
+from bertforge.core.io import write_text_atomic
+from bertforge.demo.corpus import is_prose, prose_paragraphs, stdlib_modules
 
 _RETURN = re.compile(r"^Returns? ")
 _MAX_ANSWER_WORDS = 20

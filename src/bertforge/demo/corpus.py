@@ -20,7 +20,7 @@ from typing import Iterator
 
 from bertforge.data.segment import split_sentences
 from bertforge.errors import ConfigError
-from bertforge.io import write_text_atomic
+from bertforge.core.io import write_text_atomic
 
 __all__ = ["build_sample_corpus", "is_prose", "module_sentences", "prose_paragraphs",
            "stdlib_modules"]

@@ -32,65 +32,19 @@ calling :func:`generate`; that is the caller's job. Gradients are never tracked 
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import json
 import math
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from bertforge.errors import ConfigError
-from bertforge.io import write_json_atomic
-
-__all__ = ["GENERATION_CONFIG_NAME", "EncoderDecoderModel", "GenerationConfig", "generate"]
-
-GENERATION_CONFIG_NAME = "generation_config.json"
+from bertforge.models.generation.config import TOKEN_FIELDS, GenerationConfig, bad_setting, is_int
 
 # Score given to a beam or hypothesis slot that must lose every comparison. It is finite, so sums
 # and divisions of such scores stay ordinary numbers.
 _LOSING = -1.0e9
-
-# A generation_config.json written by transformers without any length limit means this many new
-# tokens to transformers.
-_HF_DEFAULT_NEW_TOKENS = 20
-
-# Token-id settings that from_model_config copies from a model config.
-_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
-                 "forced_bos_token_id", "forced_eos_token_id")
-
-# Settings of transformers' generation_config.json that bertforge does not implement and that
-# change the generated tokens, with the values that leave the output as bertforge computes it.
-# A file setting one of them to anything else is refused rather than half followed. Sampling-only
-# settings (temperature, top_k, ...) are absent: without do_sample they have no effect.
-_UNSUPPORTED_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "bad_words_ids": (None, []),
-    "begin_suppress_tokens": (None, []),
-    "constraints": (None, []),
-    "diversity_penalty": (None, 0, 0.0),
-    "dola_layers": (None,),
-    "encoder_no_repeat_ngram_size": (None, 0),
-    "encoder_repetition_penalty": (None, 1, 1.0),
-    "exponential_decay_length_penalty": (None,),
-    "force_words_ids": (None, []),
-    "guidance_scale": (None, 1, 1.0),
-    "max_time": (None,),
-    "num_beam_groups": (None, 1),
-    "penalty_alpha": (None,),
-    "remove_invalid_values": (None, False),
-    "renormalize_logits": (None, False),
-    "sequence_bias": (None, {}),
-    "stop_strings": (None, []),
-    "suppress_tokens": (None, []),
-    "token_healing": (None, False),
-    "watermarking_config": (None,),
-}
-
 
 class EncoderDecoderModel(Protocol):
     """What :func:`generate` needs from a model (bertforge's BART has it).
@@ -115,248 +69,6 @@ class EncoderDecoderModel(Protocol):
         """The cache with batch rows ``index`` (N,) in that order (may work in place)."""
         ...
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _bad(name: str, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"generation setting {name}={value!r} is invalid: {expected}")
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """How :func:`generate` decodes; field names and meanings are transformers'.
-
-    Build one from a model's config with :meth:`from_model_config` (it copies the special token
-    ids), change settings with :meth:`replace`, and store it next to the model with :meth:`save`
-    as ``generation_config.json``. Every instance is validated: a bad value raises
-    ``ConfigError`` naming the setting.
-    """
-
-    max_length: int | None = 20
-    """Longest decoder sequence, decoder start token included (None: use ``max_new_tokens``)."""
-    max_new_tokens: int | None = None
-    """Most generated tokens; when set, it decides the length limit instead of ``max_length``."""
-    min_length: int = 0
-    """EOS is banned while the decoder sequence (start token included) is shorter than this."""
-    min_new_tokens: int | None = None
-    """EOS is banned before this many tokens are generated; overrides ``min_length`` when set."""
-    num_beams: int = 1
-    """1: greedy search; more: beam search with that many beams per input."""
-    length_penalty: float = 1.0
-    """Beam search: a finished hypothesis scores sum(log p) / generated_length ** length_penalty."""
-    early_stopping: bool | str = False
-    """Beam search stopping rule: True, False or "never" (see the module notes)."""
-    no_repeat_ngram_size: int = 0
-    """Ban any token that would repeat an n-gram of this size already in the sequence (0: off)."""
-    repetition_penalty: float = 1.0
-    """Scores of tokens already in the sequence: divided by this when positive, multiplied when
-    negative (1.0: off)."""
-    num_return_sequences: int = 1
-    """Best hypotheses returned per input (at most ``num_beams``), best first."""
-    do_sample: bool = False
-    """Sampling is not implemented; must stay False."""
-    bos_token_id: int | None = None
-    """Beginning-of-sequence id; the decoder start token if ``decoder_start_token_id`` is unset."""
-    eos_token_id: int | None = None
-    """End-of-sequence id; a sequence ends when it emits it (None: only the length limit ends)."""
-    pad_token_id: int | None = None
-    """Fills sequences that ended before the longest of their batch (None: ``eos_token_id``)."""
-    decoder_start_token_id: int | None = None
-    """First token of every decoder sequence (BART: EOS, id 2)."""
-    forced_bos_token_id: int | None = None
-    """If set, forced as the first generated token (BART: BOS, id 0)."""
-    forced_eos_token_id: int | None = None
-    """If set, forced as the token that reaches the length limit."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_length", "max_new_tokens", "min_new_tokens", *_TOKEN_FIELDS):
-            value = getattr(self, name)
-            if value is not None and not _is_int(value):
-                raise _bad(name, value, "expected an integer or null")
-        for name in ("min_length", "num_beams", "no_repeat_ngram_size", "num_return_sequences"):
-            if not _is_int(getattr(self, name)):
-                raise _bad(name, getattr(self, name), "expected an integer")
-        for name in ("length_penalty", "repetition_penalty"):
-            value = getattr(self, name)
-            if not _is_real(value):
-                raise _bad(name, value, "expected a finite number")
-            object.__setattr__(self, name, float(value))
-        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
-            raise _bad("early_stopping", self.early_stopping, 'expected true, false or "never"')
-        if not isinstance(self.do_sample, bool):
-            raise _bad("do_sample", self.do_sample, "expected true or false")
-        if self.do_sample:
-            raise _bad("do_sample", True, "bertforge generates by greedy or beam search only; "
-                       "set do_sample to false")
-        for name in _TOKEN_FIELDS:
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise _bad(name, value, "token ids are >= 0; use null for no token")
-        self._check_lengths()
-        if self.num_beams < 1:
-            raise _bad("num_beams", self.num_beams, "use 1 for greedy search or more for beams")
-        if not 1 <= self.num_return_sequences <= self.num_beams:
-            raise _bad("num_return_sequences", self.num_return_sequences,
-                       f"must be between 1 and num_beams={self.num_beams}; raise num_beams to "
-                       "return more hypotheses")
-        if self.no_repeat_ngram_size < 0:
-            raise _bad("no_repeat_ngram_size", self.no_repeat_ngram_size, "use 0 to turn it off")
-        if self.repetition_penalty <= 0:
-            raise _bad("repetition_penalty", self.repetition_penalty,
-                       "must be > 0 (1.0 turns it off)")
-
-    def _check_lengths(self) -> None:
-        if self.max_length is None and self.max_new_tokens is None:
-            raise ConfigError("generation settings max_length and max_new_tokens are both null: "
-                              "set one of them so that generation has a length limit")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise _bad("max_new_tokens", self.max_new_tokens, "must be >= 1")
-        if self.max_length is not None and self.max_length < 2:
-            raise _bad("max_length", self.max_length,
-                       "must be >= 2 (it counts the decoder start token)")
-        if self.min_length < 0:
-            raise _bad("min_length", self.min_length, "must be >= 0")
-        if self.min_new_tokens is not None and self.min_new_tokens < 0:
-            raise _bad("min_new_tokens", self.min_new_tokens, "must be >= 0")
-        shortest, longest = self.length_limits()
-        if shortest > longest:
-            name = "min_new_tokens" if self.min_new_tokens is not None else "min_length"
-            limit = ("max_new_tokens" if self.max_new_tokens is not None else "max_length")
-            raise _bad(name, getattr(self, name),
-                       f"it asks for longer sequences than {limit}={getattr(self, limit)} "
-                       "allows; lower it or raise the limit")
-
-    def length_limits(self) -> tuple[int, int]:
-        """``(min_length, max_length)`` in force, both counting the decoder start token."""
-        longest = self.max_new_tokens + 1 if self.max_new_tokens is not None else self.max_length
-        shortest = self.min_new_tokens + 1 if self.min_new_tokens is not None else self.min_length
-        return shortest, int(longest)  # type: ignore[arg-type]
-
-    # ------------------------------------------------------------------ construction
-    @classmethod
-    def field_names(cls) -> list[str]:
-        """The settings, in declaration order (the keys of ``generation_config.json``)."""
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def _reject_unknown(cls, keys: Any, what: str) -> None:
-        known = cls.field_names()
-        for key in keys:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f" Did you mean '{close[0]}'?" if close else ""
-                raise ConfigError(f"unknown generation {what} '{key}'.{hint} "
-                                  f"Known settings: {', '.join(known)}")
-
-    @classmethod
-    def from_model_config(cls, config: Any, **overrides: Any) -> "GenerationConfig":
-        """Defaults plus the special token ids of a model config (object or dict), then
-        ``overrides``.
-
-        The ids copied are ``bos/eos/pad/decoder_start/forced_bos/forced_eos_token_id``; a config
-        without one of them leaves it unset.
-        """
-        get = config.get if isinstance(config, Mapping) else (
-            lambda name, default=None: getattr(config, name, default))
-        ids = {name: get(name) for name in _TOKEN_FIELDS if get(name) is not None}
-        cls._reject_unknown(overrides, "override")
-        return cls(**{**ids, **overrides})
-
-    def replace(self, **overrides: Any) -> "GenerationConfig":
-        """A validated copy with ``overrides`` applied (unknown names raise ``ConfigError``)."""
-        self._reject_unknown(overrides, "override")
-        return dataclasses.replace(self, **overrides)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *,
-                  source: str = "generation config") -> "GenerationConfig":
-        """Build from the content of a ``generation_config.json``.
-
-        A dict written by transformers (it carries ``transformers_version``) may hold settings
-        bertforge does not know: they are ignored, except those that would change the generated
-        tokens (``suppress_tokens``, ``bad_words_ids``, ...), which raise ``ConfigError`` unless
-        they hold their neutral value. There, null stands for "the default", and a file with
-        neither ``max_length`` nor ``max_new_tokens`` means 20 new tokens (max_length 21), as to
-        transformers. A hand-written dict must use known settings only. ``eos_token_id`` may be
-        a list of one id.
-        """
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{source}: expected a JSON object of generation settings, got "
-                              f"{type(data).__name__}")
-        written_by_hf = "transformers_version" in data
-        known = set(cls.field_names())
-        values: dict[str, Any] = {}
-        try:
-            for key, value in data.items():
-                if key in known:
-                    if value is None and written_by_hf:
-                        continue
-                    values[key] = value
-                elif key in _UNSUPPORTED_NEUTRAL and value not in _UNSUPPORTED_NEUTRAL[key]:
-                    raise ConfigError(f"setting {key}={value!r} is not supported by bertforge's "
-                                      f"generate; remove it or set it to null")
-                elif not written_by_hf and key not in ("bertforge_version", *_UNSUPPORTED_NEUTRAL):
-                    cls._reject_unknown([key], "setting")
-            if written_by_hf and values.get("max_length") is None \
-                    and values.get("max_new_tokens") is None:
-                values["max_length"] = _HF_DEFAULT_NEW_TOKENS + 1  # + the decoder start token
-            eos = values.get("eos_token_id")
-            if isinstance(eos, list):
-                if len(eos) != 1:
-                    raise _bad("eos_token_id", eos, "bertforge generates with one EOS id; "
-                               "keep the one the model was trained with")
-                values["eos_token_id"] = eos[0]
-            return cls(**values)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every setting (nulls included) plus ``bertforge_version``: the file's content."""
-        from bertforge import __version__
-
-        return {**dataclasses.asdict(self), "bertforge_version": __version__}
-
-    # ------------------------------------------------------------------ files
-    def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write ``directory/generation_config.json`` atomically (the directory is created);
-        returns its path. transformers' ``GenerationConfig.from_pretrained`` reads it."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        return write_json_atomic(directory / GENERATION_CONFIG_NAME, self.to_dict())
-
-    @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> "GenerationConfig":
-        """Read ``generation_config.json`` from a model directory (or that file's own path),
-        whether bertforge or transformers wrote it."""
-        path = Path(directory)
-        if path.is_dir():
-            path = path / GENERATION_CONFIG_NAME
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file; save one with GenerationConfig.save or "
-                              "build the settings with GenerationConfig.from_model_config") \
-                from None
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise ConfigError(f"{path}: cannot read: {reason}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); fix the file "
-                              "or save it again") from None
-        return cls.from_dict(data, source=str(path))
-
-
-# --------------------------------------------------------------------------- decoding
-
-
 @dataclass(frozen=True)
 class _Plan:
     """The settings of one call, resolved against the model: ids checked, lengths in force."""
@@ -378,13 +90,13 @@ class _Plan:
                               "both null: build them with GenerationConfig.from_model_config"
                               "(model.config) or set decoder_start_token_id")
         vocab_size = getattr(model_config, "vocab_size", None)
-        if not _is_int(vocab_size):
+        if not is_int(vocab_size):
             raise ValueError(f"model.config.vocab_size is {vocab_size!r}; the model must give "
                              "its vocabulary size")
-        for name in _TOKEN_FIELDS:
+        for name in TOKEN_FIELDS:
             value = getattr(config, name)
             if value is not None and value >= vocab_size:
-                raise _bad(name, value, f"the model's vocabulary has ids 0..{vocab_size - 1}; "
+                raise bad_setting(name, value, f"the model's vocabulary has ids 0..{vocab_size - 1}; "
                            "use the ids of the model's config (GenerationConfig."
                            "from_model_config)")
         eos = config.eos_token_id
@@ -414,7 +126,6 @@ def _ban_repeated_ngrams(scores: torch.Tensor, sequences: torch.Tensor, n: int) 
     banned.scatter_(1, target, True)
     scores.masked_fill_(banned[:, :vocab], -math.inf)
 
-
 def _process(scores: torch.Tensor, sequences: torch.Tensor, plan: _Plan) -> torch.Tensor:
     """Apply the step's constraints to ``scores`` (N, V) float32 (changed in place and returned)
     for decoder sequences ``sequences`` (N, T), start token included; see the module notes."""
@@ -436,14 +147,12 @@ def _process(scores: torch.Tensor, sequences: torch.Tensor, plan: _Plan) -> torc
             scores[:, token] = 0.0
     return scores
 
-
 def _last_logits(logits: torch.Tensor, rows: int) -> torch.Tensor:
     """The last position's logits of a ``decode_step`` output as a fresh (rows, V) float32."""
     if logits.dim() != 3 or logits.shape[0] != rows:
         raise ValueError(f"decode_step returned logits of shape {tuple(logits.shape)}; expected "
                          f"({rows}, T_new, vocab_size)")
     return logits[:, -1].to(torch.float32, copy=True)
-
 
 def _greedy(model: EncoderDecoderModel, encoder_hidden: torch.Tensor,
             encoder_mask: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -473,7 +182,6 @@ def _greedy(model: EncoderDecoderModel, encoder_hidden: torch.Tensor,
             break
         new_tokens = choice[:, None]
     return sequences, total / generated.to(torch.float32) ** plan.config.length_penalty
-
 
 def _beam_search(model: EncoderDecoderModel, encoder_hidden: torch.Tensor,
                  encoder_mask: torch.Tensor, plan: _Plan,
@@ -570,7 +278,6 @@ def _beam_search(model: EncoderDecoderModel, encoder_hidden: torch.Tensor,
     sequences = done[:, :returned, :output_length].reshape(batch * returned, output_length)
     return sequences, done_scores[:, :returned].reshape(-1)
 
-
 def _check_inputs(input_ids: Any, attention_mask: Any) -> torch.Tensor:
     """The attention mask to use ((B, S), all ones when None); ValueError for bad inputs."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
@@ -592,7 +299,6 @@ def _check_inputs(input_ids: Any, attention_mask: Any) -> torch.Tensor:
         raise ValueError(f"attention_mask row {int(empty[0, 0])} has no real token (all zeros); "
                          "every input needs at least one")
     return attention_mask
-
 
 @torch.no_grad()
 def generate(model: EncoderDecoderModel, input_ids: torch.Tensor,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import CheckpointError, ConfigError
-from bertforge.io import atomic_write
+from bertforge.core.io import atomic_write
 from bertforge.models.config import BertConfig
 from bertforge.models.heads import (
     BertForMaskedLM,

@@ -47,9 +47,9 @@ def run_demo(workdir: Path, steps: int = 300, bart_steps: int = 300) -> dict:
     from bertforge.config import PretrainConfig, load_config
     from bertforge.data.prepare import prepare
     from bertforge.models import BertForPreTraining
-    from bertforge.sample import build_sample_corpus
+    from bertforge.demo.corpus import build_sample_corpus
     from bertforge.tokenization import BertTokenizer
-    from bertforge.vocab import train_wordpiece
+    from bertforge.tokenization.training import train_wordpiece
     from bertforge.tasks.pretrain import pretrain
 
     t0 = time.perf_counter()
@@ -117,7 +117,7 @@ def run_demo(workdir: Path, steps: int = 300, bart_steps: int = 300) -> dict:
 def _finetune_qa(workdir: Path, checkpoint: Path) -> dict:
     """SQuAD-style fine-tuning of the pretrained checkpoint on the stdlib QA sample."""
     from bertforge.config import FinetuneConfig, load_config
-    from bertforge.sample_qa import build_sample_qa
+    from bertforge.demo.qa_data import build_sample_qa
     from bertforge.tasks.finetune import finetune
 
     train, dev, n_train, n_dev = build_sample_qa(workdir / "qa")
@@ -136,12 +136,12 @@ def _bart(workdir: Path, corpus: Path, steps: int) -> dict:
     from bertforge.config import PretrainConfig, load_config
     from bertforge.data.native import NativeDataset
     from bertforge.data.prepare import prepare
-    from bertforge.generation import GenerationConfig, generate
+    from bertforge.models.generation import GenerationConfig, generate
     from bertforge.models.bart import BartForConditionalGeneration
     from bertforge.tasks.denoise import DenoisingBatchMaker, noise_vocab
     from bertforge.tasks.pretrain import pretrain
     from bertforge.tokenization import load_tokenizer
-    from bertforge.vocab import train_bpe
+    from bertforge.tokenization.training import train_bpe
 
     root = workdir / "bart"
     print(train_bpe([str(corpus)], vocab_size=4000, output=root / "bpe").summary())

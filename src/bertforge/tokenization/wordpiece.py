@@ -1,5 +1,5 @@
-"""BERT WordPiece tokenizer on top of the `tokenizers` library, and ``load_tokenizer``, which
-picks WordPiece (BERT) or byte-level BPE (BART, ``bertforge.bpe``) by what a path holds.
+"""BERT WordPiece tokenizer on top of the `tokenizers` library: the vocabulary files (vocab.txt,
+a WordPiece tokenizer.json), their casing checks, and ``BertTokenizer``.
 
 The pipeline is exactly BERT's: BertNormalizer (clean control characters, space out CJK
 characters, and for uncased models lower-case and strip accents), BertPreTokenizer (split on
@@ -12,76 +12,29 @@ always looked up, never assumed: our trained vocabularies put them at 0..4, Goog
 from __future__ import annotations
 
 import hashlib
-import json
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence, Union
+from typing import Iterator, Sequence
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
+from bertforge.core.io import write_json_atomic, write_text_atomic
 from bertforge.errors import DataError
-from bertforge.io import atomic_write, write_json_atomic, write_text_atomic
-
-if TYPE_CHECKING:
-    from bertforge.bpe import BpeTokenizer
-
-__all__ = ["BackendTokenizer", "BertTokenizer", "SPECIAL_TOKENS", "Window", "check_casing", "load_tokenizer",
-           "read_vocab_tokens", "read_vocab_txt", "vocab_casing", "vocab_hash"]
+from bertforge.tokenization.base import (BackendTokenizer, Text, Window, read_json_object,
+                                         tokenizer_json_tokens)
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-MAX_INPUT_CHARS_PER_WORD = 100
-_CASED_MIN_TOKENS = 10  # below this many upper-case tokens we do not call a vocabulary cased
 
+MAX_INPUT_CHARS_PER_WORD = 100
+
+_CASED_MIN_TOKENS = 10  # below this many upper-case tokens we do not call a vocabulary cased
 
 def vocab_hash(tokens: Sequence[str]) -> str:
     """SHA-256 of the tokens in id order (the vocab.txt bytes): the identity of a vocabulary,
     recorded in prepared data's manifest and compared with every checkpoint's."""
     return hashlib.sha256(("\n".join(tokens) + "\n").encode("utf-8")).hexdigest()
-
-
-def read_vocab_tokens(directory: str | Path) -> list[str] | None:
-    """Tokens (in id order) of the tokenizer saved in a model directory, WordPiece or byte-level
-    BPE; None if it has none."""
-    directory = Path(directory)
-    kind = _directory_kind(directory)
-    if kind is None:
-        return None
-    if kind == "WordPiece":
-        return _directory_tokens(directory)[0]
-    from bertforge.bpe import read_bpe_directory  # imported here: bertforge.bpe imports us
-
-    return read_bpe_directory(directory)[0]
-
-
-def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer:
-    """The tokenizer ``path`` holds: a vocab.txt is WordPiece (``BertTokenizer``); a
-    tokenizer.json is WordPiece or byte-level BPE (``BpeTokenizer``) by its model type; a
-    directory is read through its tokenizer.json, else its vocab.txt, else its vocab.json +
-    merges.txt. ``DataError`` when the path holds none of these."""
-    from bertforge.bpe import BpeTokenizer  # imported here: bertforge.bpe imports us
-
-    path = Path(path)
-    if path.is_dir():
-        kind = _directory_kind(path)
-        if kind is None:
-            raise DataError(f"{path} holds no tokenizer: expected tokenizer.json, vocab.txt (BERT) "
-                            "or vocab.json + merges.txt (BART)")
-        return (BertTokenizer.from_pretrained(path) if kind == "WordPiece"
-                else BpeTokenizer.from_pretrained(path))
-    if not path.exists():
-        raise DataError(f"tokenizer {path} does not exist; give a vocab.txt, a tokenizer.json or "
-                        "a model directory")
-    if path.name in ("vocab.json", "merges.txt"):
-        raise DataError(f"{path} is one half of a BPE tokenizer; give the directory that holds "
-                        "both vocab.json and merges.txt")
-    if path.suffix == ".json":
-        return (BertTokenizer.from_file(path) if _tokenizer_json_kind(path) == "WordPiece"
-                else BpeTokenizer.from_file(path))
-    return BertTokenizer.from_file(path)
-
 
 def read_vocab_txt(path: str | Path) -> list[str]:
     """Tokens of a vocab.txt (one per line, line number = id), validated."""
@@ -121,7 +74,6 @@ def read_vocab_txt(path: str | Path) -> list[str]:
         raise DataError(f"vocabulary file {path} is empty; build one with `bertforge vocab`")
     return tokens
 
-
 def vocab_casing(vocab_tokens: Sequence[str]) -> str | None:
     """"cased", "uncased", or None when the tokens do not tell (caseless scripts, few acronyms)."""
     words = [t for t in vocab_tokens if not (t.startswith("[") and t.endswith("]"))]
@@ -131,7 +83,6 @@ def vocab_casing(vocab_tokens: Sequence[str]) -> str | None:
     if upper == 0 and any(ch.islower() for t in words for ch in t):
         return "uncased"
     return None
-
 
 def check_casing(vocab_tokens: Sequence[str], do_lower_case: bool, source: str) -> None:
     """Raise ``DataError`` when lower-casing does not fit the vocabulary's casing.
@@ -157,88 +108,14 @@ def check_casing(vocab_tokens: Sequence[str], do_lower_case: bool, source: str) 
             "Lower-case the input (lowercase=True, drop --cased) or use a cased vocabulary."
         )
 
-
-Text = Union[str, Sequence[str]]  # a string, or pre-split words (token classification)
-
-
-@dataclass(frozen=True)
-class Window:
-    """One encoded sequence (or one overflowing window of a long input) with its alignment.
-
-    Fine-tuning needs more than ids: QA maps answer characters to tokens through ``offsets`` and
-    keeps only context tokens as answer candidates (``sequence_ids``); token classification
-    labels the first sub-token of each word (``word_ids``).
-    """
-
-    ids: list[int]
-    type_ids: list[int]
-    offsets: list[tuple[int, int]]     # character span in its own text (or word); (0, 0): special
-    sequence_ids: list[int | None]     # 0: first text, 1: second text, None: [CLS]/[SEP]
-    word_ids: list[int | None]         # index of the word in its text; None for specials
-    source: int                        # index of the input (pair) this window was cut from
-
-
 def _bert_normalizer(lowercase: bool) -> normalizers.Normalizer:
     # BERT strips accents exactly when it lower-cases; cased models keep both.
     return normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
     )
 
-
 def _wordpiece(vocab: dict[str, int] | None) -> WordPiece:
     return WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
-
-
-class BackendTokenizer:
-    """What every bertforge tokenizer does through its ``tokenizers.Tokenizer`` (``backend``):
-    encoding, decoding and id/token lookups. ``BertTokenizer`` (WordPiece) and
-    ``bertforge.bpe.BpeTokenizer`` (byte-level BPE) add their pipelines and files."""
-
-    backend: Tokenizer
-    vocab: tuple[str, ...]
-    unk_id: int
-
-    def save_tokenizer_json(self, path: str | Path) -> None:
-        """Write the whole pipeline as a ``tokenizers`` JSON file, atomically."""
-        atomic_write(path, lambda tmp: self.backend.save(str(tmp), pretty=True))
-
-    def encode(self, text: str, pair: str | None = None) -> list[int]:
-        """Ids of ``text`` (and ``pair``) with the special tokens of the model's template."""
-        return self.backend.encode(text, pair, add_special_tokens=True).ids
-
-    def encode_batch(
-        self, texts: Sequence[str], add_special_tokens: bool = False
-    ) -> list[list[int]]:
-        """Ids of many texts at once (parallel in Rust); no special tokens by default."""
-        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-        return [e.ids for e in encodings]
-
-    def tokenize(self, text: str) -> list[str]:
-        """Tokens of ``text`` (WordPiece pieces, or byte-level ones where "Ġ" spells a space),
-        without special tokens."""
-        return self.backend.encode(text, add_special_tokens=False).tokens
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text from ids (WordPiece "##" pieces glued to their word; byte-level bytes that do not
-        form valid UTF-8 become U+FFFD)."""
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def decode_batch(
-        self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = True
-    ) -> list[str]:
-        """``decode`` of many id sequences at once (parallel in Rust)."""
-        return self.backend.decode_batch([list(s) for s in sequences],
-                                         skip_special_tokens=skip_special_tokens)
-
-    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-        """Vocabulary entry of each id (``IndexError`` for an id outside the vocabulary)."""
-        return [self.vocab[i] for i in ids]
-
-    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
-        """Id of each vocabulary entry; tokens not in the vocabulary map to ``unk_id``."""
-        ids = (self.backend.token_to_id(t) for t in tokens)
-        return [self.unk_id if i is None else i for i in ids]
-
 
 class BertTokenizer(BackendTokenizer):
     """WordPiece tokenizer with BERT's normalization; a thin layer over ``tokenizers.Tokenizer``."""
@@ -317,7 +194,7 @@ class BertTokenizer(BackendTokenizer):
         if not directory.is_dir():
             raise DataError(f"tokenizer directory {directory} does not exist; check the path")
         config_path = directory / "tokenizer_config.json"
-        config = _read_json(config_path) if config_path.exists() else {}
+        config = read_json_object(config_path) if config_path.exists() else {}
         found = _directory_tokens(directory)
         if found is None:
             raise DataError(
@@ -436,21 +313,6 @@ class BertTokenizer(BackendTokenizer):
             return text
         return text[: offsets[max_tokens - 1][1]]
 
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path} does not exist; check the path") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path} is not UTF-8 text; is it the right file?") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-    if not isinstance(data, dict):
-        raise DataError(f"{path}: expected a JSON object at the top level")
-    return data
-
-
 def _directory_tokens(directory: Path) -> tuple[list[str], bool | None] | None:
     """(tokens, lowercase flag or None) of a directory's tokenizer.json, else its vocab.txt."""
     json_path, txt_path = directory / "tokenizer.json", directory / "vocab.txt"
@@ -460,33 +322,10 @@ def _directory_tokens(directory: Path) -> tuple[list[str], bool | None] | None:
         return read_vocab_txt(txt_path), None
     return None
 
-
-def _directory_kind(directory: Path) -> str | None:
-    """"WordPiece" or "BPE": the kind of tokenizer a directory holds (its tokenizer.json, else
-    its vocab.txt, else its vocab.json + merges.txt); None when it holds none."""
-    if (directory / "tokenizer.json").exists():
-        return _tokenizer_json_kind(directory / "tokenizer.json")
-    if (directory / "vocab.txt").exists():
-        return "WordPiece"
-    if (directory / "vocab.json").exists() and (directory / "merges.txt").exists():
-        return "BPE"
-    return None
-
-
-def _tokenizer_json_kind(path: Path) -> str:
-    """The model type of a tokenizer.json, "WordPiece" or "BPE"; ``DataError`` for any other."""
-    model = _read_json(path).get("model")
-    kind = model.get("type") if isinstance(model, dict) else None
-    if kind not in ("WordPiece", "BPE"):
-        raise DataError(f"{path}: model type is {kind!r}; bertforge loads WordPiece (BERT) and "
-                        "byte-level BPE (BART) tokenizers only")
-    return kind
-
-
 def _read_tokenizer_json(path: Path) -> tuple[list[str], bool | None]:
     """(tokens in id order, lowercase flag of its BertNormalizer or None) of a WordPiece
     tokenizer.json; ``DataError`` for any other model type."""
-    data = _read_json(path)
+    data = read_json_object(path)
     model = data.get("model")
     kind = model.get("type") if isinstance(model, dict) else None
     if kind != "WordPiece" or not isinstance(model.get("vocab"), dict):
@@ -496,24 +335,4 @@ def _read_tokenizer_json(path: Path) -> tuple[list[str], bool | None]:
         )
     normalizer = data.get("normalizer") or {}
     lower = normalizer.get("lowercase") if normalizer.get("type") == "BertNormalizer" else None
-    return _tokenizer_json_tokens(path, data), lower
-
-
-def _tokenizer_json_tokens(path: Path, data: dict) -> list[str]:
-    """Tokens in id order of a tokenizer.json's model vocabulary (``{token: id}``, checked by the
-    caller) and its added tokens; ``DataError`` unless the ids are 0..n-1, each once."""
-    vocab = data["model"]["vocab"]
-    added = [a for a in data.get("added_tokens") or [] if isinstance(a, dict)]
-    if not all(type(i) is int for i in [*vocab.values(), *(a.get("id") for a in added)]):
-        raise DataError(f"{path}: a token id is not an integer; the file is damaged")
-    by_id = {i: t for t, i in vocab.items()}
-    for token in added:
-        by_id.setdefault(token["id"], token.get("content"))
-    if not by_id:
-        raise DataError(f"{path}: the vocabulary is empty; build one with `bertforge vocab`")
-    # Two tokens sharing an id collapse into one entry of by_id, leaving fewer ids than tokens.
-    if len(by_id) < len(vocab) or sorted(by_id) != list(range(len(by_id))):
-        raise DataError(
-            f"{path}: token ids are not 0..{len(by_id) - 1} without gaps; the file is damaged"
-        )
-    return [by_id[i] for i in range(len(by_id))]
+    return tokenizer_json_tokens(path, data), lower

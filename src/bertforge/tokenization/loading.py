@@ -1,0 +1,66 @@
+"""``load_tokenizer``: WordPiece (BERT) or byte-level BPE (BART) by what a path holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+from bertforge.errors import DataError
+from bertforge.tokenization.base import read_json_object
+from bertforge.tokenization.bpe import BpeTokenizer, read_bpe_directory
+from bertforge.tokenization.wordpiece import BertTokenizer, _directory_tokens
+
+def read_vocab_tokens(directory: str | Path) -> list[str] | None:
+    """Tokens (in id order) of the tokenizer saved in a model directory, WordPiece or byte-level
+    BPE; None if it has none."""
+    directory = Path(directory)
+    kind = _directory_kind(directory)
+    if kind is None:
+        return None
+    if kind == "WordPiece":
+        return _directory_tokens(directory)[0]
+    return read_bpe_directory(directory)[0]
+
+def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer:
+    """The tokenizer ``path`` holds: a vocab.txt is WordPiece (``BertTokenizer``); a
+    tokenizer.json is WordPiece or byte-level BPE (``BpeTokenizer``) by its model type; a
+    directory is read through its tokenizer.json, else its vocab.txt, else its vocab.json +
+    merges.txt. ``DataError`` when the path holds none of these."""
+    path = Path(path)
+    if path.is_dir():
+        kind = _directory_kind(path)
+        if kind is None:
+            raise DataError(f"{path} holds no tokenizer: expected tokenizer.json, vocab.txt (BERT) "
+                            "or vocab.json + merges.txt (BART)")
+        return (BertTokenizer.from_pretrained(path) if kind == "WordPiece"
+                else BpeTokenizer.from_pretrained(path))
+    if not path.exists():
+        raise DataError(f"tokenizer {path} does not exist; give a vocab.txt, a tokenizer.json or "
+                        "a model directory")
+    if path.name in ("vocab.json", "merges.txt"):
+        raise DataError(f"{path} is one half of a BPE tokenizer; give the directory that holds "
+                        "both vocab.json and merges.txt")
+    if path.suffix == ".json":
+        return (BertTokenizer.from_file(path) if _tokenizer_json_kind(path) == "WordPiece"
+                else BpeTokenizer.from_file(path))
+    return BertTokenizer.from_file(path)
+
+def _directory_kind(directory: Path) -> str | None:
+    """"WordPiece" or "BPE": the kind of tokenizer a directory holds (its tokenizer.json, else
+    its vocab.txt, else its vocab.json + merges.txt); None when it holds none."""
+    if (directory / "tokenizer.json").exists():
+        return _tokenizer_json_kind(directory / "tokenizer.json")
+    if (directory / "vocab.txt").exists():
+        return "WordPiece"
+    if (directory / "vocab.json").exists() and (directory / "merges.txt").exists():
+        return "BPE"
+    return None
+
+def _tokenizer_json_kind(path: Path) -> str:
+    """The model type of a tokenizer.json, "WordPiece" or "BPE"; ``DataError`` for any other."""
+    model = read_json_object(path).get("model")
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind not in ("WordPiece", "BPE"):
+        raise DataError(f"{path}: model type is {kind!r}; bertforge loads WordPiece (BERT) and "
+                        "byte-level BPE (BART) tokenizers only")
+    return kind
