@@ -49,7 +49,8 @@ def real_batches(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], objec
     from bertforge.data.native import NativeDataset
     from bertforge.data.prepare import prepare
     from bertforge.demo.corpus import build_sample_corpus
-    from bertforge.tasks.denoise import DenoisingBatchMaker, noise_vocab
+    from bertforge.data.collate.seq2seq import DenoisingBatchMaker
+    from bertforge.tasks.denoise import noise_vocab
     from bertforge.tokenization import load_tokenizer
     from bertforge.tokenization.training import train_bpe
 

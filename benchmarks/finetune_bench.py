@@ -35,7 +35,7 @@ same number of optimizer steps with the same micro-batch size, precision and opt
   LayerNorm, eps 1e-6, betas 0.9/0.999), torch's fused kernel on CPU and CUDA on both sides:
   transformers gets ``optim="adamw_torch_fused"`` (also the Trainer's own default;
   ``--hf-optim`` overrides).
-* Evaluation: bertforge's evaluation pass, ``bertforge.tasks.finetune.predict`` (collate, forward
+* Evaluation: bertforge's evaluation pass, ``bertforge.tasks.finetuning.predict`` (collate, forward
   under ``torch.no_grad``, outputs gathered on the host), against ``Trainer.predict`` and a plain
   ``torch.no_grad`` loop over a ``DataLoader`` with the same collator, on the same features in the
   same order with ``--eval-batch`` sequences per batch. The label columns are left out on the
@@ -170,7 +170,7 @@ class Prepared:
     train_ds: Any                # the trained features in bertforge's order (unpadded), for HF
     timed_tokens: int            # real tokens in the timed batches
     timed_width: float           # mean padded width of the timed batches
-    eval_features: Any           # bertforge FeatureSet of the evaluated features
+    eval_features: Any           # bertforge SequenceFeatures of the evaluated features
     eval_ds: Any                 # the same features without labels, for transformers
     outputs: Any                 # the task's evaluation output picker (bertforge)
     data: str
@@ -302,7 +302,8 @@ def prepare(task_name: str, args: argparse.Namespace, device: Any, hf_tok: Any,
     import datasets
     import transformers
 
-    from bertforge.tasks.finetune import FeatureSet, build_task
+    from bertforge.data.collate.sequences import SequenceFeatures
+    from bertforge.tasks.finetune import build_task
     from bertforge.train.distributed import init_distributed
 
     path, data_note = data_file(task_name, args, tmp)
@@ -332,8 +333,9 @@ def prepare(task_name: str, args: argparse.Namespace, device: Any, hf_tok: Any,
     checks["loss_check"] = loss_check(rebuilt, ours, hf_model(task_name, start_dir, device),
                                       features.collate(order[0]), device)
     timed = order[args.warmup:]
-    n_eval = min(len(rebuilt.eval_features), args.eval_batches * args.eval_batch)
-    eval_features = FeatureSet({k: v[:n_eval] for k, v in rebuilt.eval_features.arrays.items()})
+    evaluated = rebuilt.features.evaluation.features
+    n_eval = min(len(evaluated), args.eval_batches * args.eval_batch)
+    eval_features = SequenceFeatures({k: v[:n_eval] for k, v in evaluated.arrays.items()})
     eval_ds = datasets.Dataset.from_dict(hf_rows(eval_features, np.arange(n_eval), SEQ_KEYS))
     del ours, rebuilt
     return Prepared(
@@ -454,11 +456,11 @@ class Evaluators:
             tf32=True if device.type == "cuda" else None)
         self.trainer = transformers.Trainer(model=self.theirs, args=targs,
                                             processing_class=hf_tok, data_collator=self.collator)
-        self.width = p.cfg.max_seq_length
+        self.width = p.cfg.data.max_seq_length
         self.outputs: dict[str, Any] = {}
 
     def bertforge(self, features: Any) -> Any:
-        from bertforge.tasks.finetune import predict
+        from bertforge.tasks.finetuning import predict
 
         return predict(self.ours, features, self.args.eval_batch, self.info,
                        self.precision.autocast, self.p.outputs)
@@ -495,10 +497,10 @@ class Evaluators:
         n = len(self.p.eval_features)
         features, dataset = self.p.eval_features, self.p.eval_ds
         if warm:  # two batches, untimed
-            from bertforge.tasks.finetune import FeatureSet
+            from bertforge.data.collate.sequences import SequenceFeatures
 
             k = min(n, 2 * self.args.eval_batch)
-            features = FeatureSet({key: v[:k] for key, v in features.arrays.items()})
+            features = SequenceFeatures({key: v[:k] for key, v in features.arrays.items()})
             dataset = dataset.select(range(k))
         fn = {"bertforge_predict": lambda: self.bertforge(features),
               "hf_trainer_predict": lambda: self.hf_predict(dataset),
@@ -665,7 +667,7 @@ def run_task(p: Prepared, args: argparse.Namespace, device: Any, hf_tok: Any, tm
     p.checks["eval_outputs_bertforge_vs_hf_loop"] = ev.agreement()
     del ev
     return {
-        "data": p.data, "max_seq_length": p.cfg.max_seq_length,
+        "data": p.data, "max_seq_length": p.cfg.data.max_seq_length,
         **({"doc_stride": p.cfg.data.doc_stride, "max_query_length": p.cfg.data.max_query_length}
            if p.name == "squad" else {}),
         "train": {"results": train_results, "ratios": train_ratios,
@@ -824,14 +826,14 @@ def main() -> None:
                          "clip 1.0, linear schedule with 10% warm-up",
             "hf_optim": args.hf_optim,
             "padding": "each batch to its longest sequence rounded up to 8 (bertforge "
-                       "FeatureSet.collate; transformers DataCollatorWithPadding("
+                       "SequenceFeatures.collate; transformers DataCollatorWithPadding("
                        "pad_to_multiple_of=8)); identical batches verified",
             "dataloader_workers": 0,
             "bertforge_timing": "bertforge.tasks.finetune.benchmark_finetuning(cfg) (the "
                                 "--benchmark mode): its sequences_per_s over the timed steps",
             "hf_timing": "Trainer.train(), clock from on_step_end of the last warm-up step to "
                          "on_step_end of the last step; eval/save/logging off",
-            "eval_timing": "one full pass each: bertforge.tasks.finetune.predict, "
+            "eval_timing": "one full pass each: bertforge.tasks.finetuning.predict, "
                            "Trainer.predict (no labels, no loss), plain no_grad DataLoader loop",
             "dropout": "on in training (p=0.1), off in evaluation",
         },

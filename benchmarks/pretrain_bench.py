@@ -17,12 +17,13 @@ groups), starting from the same weights:
   ignore) and ``next_sentence_label``. It always gets the ordinary padded batches.
 * ``bertforge``: ``BertForPreTraining`` + ``pretraining_loss`` (MLM logits only at masked
   positions) on the padded batches, padded execution.
-* ``bertforge-unpadded``: the same batches, ``set_unpadding(True, --backend)``: the encoder runs
+* ``bertforge-unpadded``: the same batches, ``apply_speed_options(unpad=True,
+  attention_backend=--backend)`` (``bertforge.train.parallelize``): the encoder runs
   on real tokens only.
 * ``bertforge-packed``: the same samples packed into rows of the data's max length
   (``pack_width``; position ids restart per sequence), unpadded execution.
 * ``bertforge-packed-padded``: the packed rows through the padded path (block-diagonal mask).
-* ``<any of the four>-compiled``: the same on a copy with ``compile_layers()`` (regional
+* ``<any of the four>-compiled``: the same on a copy with ``compile=True`` (regional
   ``torch.compile``); the compile (warm-up) time is reported on its own.
 * ``bertforge-dense-mlm``: MLM logits at every position, as HF computes them.
 * ``bertforge-lamb``: bertforge's LAMB (clipping inside) instead of AdamW.
@@ -131,7 +132,7 @@ def real_batches(data: str, args: argparse.Namespace) -> tuple[list[dict], list[
 
 def _sequences(batch: dict) -> list[tuple]:
     """Every sequence of a (padded or packed) CPU batch as (ids, labels), for comparing samples."""
-    from bertforge.models.unpad import layout_from_batch
+    from bertforge.ops.unpad import layout_from_batch
 
     layout = layout_from_batch(batch)
     ids = layout.unpad(batch["input_ids"]).tolist()
@@ -327,7 +328,7 @@ def executed_flops(cfg: Any, batch: dict, kind: str, vocab: int) -> float:
     the encoder (packed rows too: (R, S) with S x S attention), the MLM head at the masked
     positions; ``dense``: the same with the MLM head at every position; ``unpadded``: each
     sequence at its real length."""
-    from bertforge.models.unpad import layout_from_batch
+    from bertforge.ops.unpad import layout_from_batch
     from bertforge.train.flops import batch_train_flops, bert_train_flops
 
     if kind == "unpadded":
@@ -362,6 +363,7 @@ def build_variants(names: list[str], ours: nn.Module, hf: nn.Module, padded: lis
     """The variants, each checked against padded bertforge's eval loss on the first samples
     before any of them trains (all copies start from the same weights)."""
     from bertforge.tasks.pretrain import pretraining_loss
+    from bertforge.train.parallelize import apply_speed_options
 
     models: dict[str, tuple] = {}  # name -> (model, loss, optimizer, data, flops kind)
     for name in names:
@@ -374,9 +376,8 @@ def build_variants(names: list[str], ours: nn.Module, hf: nn.Module, padded: lis
         else:
             data, unpad = LAYOUTS[name.removesuffix("-compiled")]
             model = ours if name == "bertforge" else copy.deepcopy(ours)
-            model.set_unpadding(unpad, args.backend)
-            if name.endswith("-compiled"):
-                model.compile_layers()
+            apply_speed_options(model, unpad=unpad, attention_backend=args.backend,
+                                compile=name.endswith("-compiled"))
             models[name] = (model, pretraining_loss, "adamw", data,
                             "unpadded" if unpad else "padded")
     reference = eval_loss(ours, pretraining_loss, padded[0])

@@ -1,6 +1,13 @@
-"""The ``bertforge`` command: one subcommand per user journey, argument handling only.
+"""The ``bertforge`` command: one subcommand per user journey, generated from the commands' typed
+configs (``bertforge.commands``); argument handling only.
 
-Each handler imports its back end lazily (so ``--help`` stays instant) and calls one function.
+Each config field becomes an option (``vocab_size`` -> ``--vocab-size``; a bool a switch; a list
+several values; choices, bounds, positional arguments and old names from the field's metadata);
+every command also takes ``--config FILE.yaml`` and ``--key=value`` / ``--section.key=value``.
+Defaults < YAML file < command line are merged by ``bertforge.core.schema.load_config``, which
+names an unknown key's closest valid one. Commands import their back ends when they run, so
+``--help`` stays instant (no torch).
+
 ``UserError`` becomes ``error: <message>`` and exit status 2, ``RunError`` the same with status 1,
 a stop signal (SIGTERM/SIGUSR1 outside the train loop) ``stopped by SIGTERM`` and 128 + its
 number; never a traceback.
@@ -9,248 +16,177 @@ number; never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import logging
 import sys
-from pathlib import Path
-from typing import Callable, Sequence
+import textwrap
+import typing
+from typing import Any, Sequence
 
-from bertforge.errors import RunError, UserError, os_error_text
+from bertforge.commands import COMMANDS, Command
+from bertforge.core.schema import (REQUIRED, closest_key, config_keys, default_of, describe,
+                                   deprecation_note, load_config, section_type)
 from bertforge.core.signals import Stopped, raise_on_stop
+from bertforge.errors import ConfigError, RunError, UserError, os_error_text
 
-Handler = Callable[[argparse.Namespace, list], int]
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
-    return value
+# Namespace entries that are not config keys (config keys never contain "=").
+COMMAND, PARSER, YAML, VERBOSE, OPTION = "=command", "=parser", "=yaml", "=verbose", "=option."
+BY_NAME = {c.name: c for c in COMMANDS}
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Show every option's default and keep the hand-written layout of epilogs."""
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keep the hand-written layout of epilogs (defaults are part of each option's help)."""
 
 
-def _add_input_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                   help="Files, directories (read recursively) or globs; .gz/.bz2/.xz are read "
-                        "transparently.")
-    p.add_argument("--text-field", default="text",
-                   help="JSON Lines only: the field holding each document's text.")
-    p.add_argument("--input-format", default="auto",
-                   choices=["auto", "sentences", "paragraphs", "jsonl", "wiki"],
-                   help="auto: by extension (.txt/.md: a blank line ends a document and each line "
-                        "is split into sentences; .jsonl: JSON Lines; .xml: Wikipedia dump). "
-                        "sentences: one sentence per line. paragraphs: blank-line-separated blocks.")
+class _Renamed(argparse.Action):
+    """An old option name: stores like the new one, after a one-line deprecation note."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kw: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        deprecation_note(str(option), self.new)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-# --- handlers ---------------------------------------------------------------------------------
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def _vocab(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.tokenization.training import train_bpe, train_wordpiece
+def _number(kind: type, minimum: float | None) -> Any:
+    """argparse type of an int/float option with an optional lower bound."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if minimum is not None and value < minimum:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {what} >= {minimum:g}, got {text}")
+        return value
 
-    if args.type == "bpe":
-        if args.cased:
-            raise UserError("--cased applies to WordPiece only: byte-level BPE always keeps case")
-        report = train_bpe(args.input, vocab_size=args.vocab_size, output=Path(args.output),
-                           min_frequency=args.min_frequency, input_format=args.input_format,
-                           text_field=args.text_field)
-    else:
-        report = train_wordpiece(args.input, vocab_size=args.vocab_size, output=Path(args.output),
-                                 lowercase=not args.cased, min_frequency=args.min_frequency,
-                                 input_format=args.input_format, text_field=args.text_field)
-    print(report.summary())
-    return 0
+    parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return parse
 
 
-def _prepare(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.data.prepare import prepare
-
-    report = prepare(
-        args.input, vocab=Path(args.vocab), output=Path(args.output),
-        max_seq_length=args.max_seq_length, max_predictions=args.max_predictions,
-        masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
-        objective=args.objective, whole_word_masking=args.whole_word_masking,
-        dupe_factor=args.dupe_factor, validation_fraction=args.validation_fraction,
-        workers=args.workers, seed=args.seed, fmt=args.format, input_format=args.input_format,
-        text_field=args.text_field,
-        overwrite=args.overwrite)
-    print(report.summary())
-    return 0
+def _base(hint: Any) -> Any:
+    """``Optional[X]`` -> X."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
 
 
-def _inspect(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.data.inspect import inspect_dataset
-
-    print(inspect_dataset(Path(args.path), num=args.num, seed=args.seed))
-    return 0
-
-
-def _convert(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.models.convert import convert_nvidia_checkpoint
-
-    out = convert_nvidia_checkpoint(Path(args.checkpoint), args.config, Path(args.output),
-                                    vocab=Path(args.vocab) if args.vocab else None,
-                                    trust_pickle=args.trust_pickle)
-    print(f"wrote Hugging Face model directory {out}")
-    return 0
+def _help(f: dataclasses.Field, positional: bool) -> str:
+    text = f.metadata.get("help", "").replace("%", "%%")
+    default = default_of(f)
+    if positional:
+        return text
+    if isinstance(default, str) and default == REQUIRED:
+        return f"{text} (required)"
+    return f"{text} (default: {default})"
 
 
-def _run_config(cls: type, args: argparse.Namespace, extra: list):
-    """``cls`` from the recipe or file of ``--config`` and the ``--key=value`` overrides; loaded
-    before torch is imported, so config errors are instant."""
-    from bertforge.config import load_config
-    from bertforge.recipes import resolve_recipe
-
-    return load_config(cls, resolve_recipe(args.config) if args.config else None, extra)
-
-
-def _pretrain(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.config import PretrainConfig
-
-    cfg = _run_config(PretrainConfig, args, extra)
-    from bertforge.tasks.pretrain import benchmark_pretraining, pretrain
-
-    benchmark_pretraining(cfg) if args.benchmark else pretrain(cfg)
-    return 0
-
-
-def _finetune(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.config import FinetuneConfig
-
-    cfg = _run_config(FinetuneConfig, args, extra)
-    from bertforge.tasks.finetune import benchmark_finetuning, finetune, finetune_seeds
-
-    if args.benchmark:
-        benchmark_finetuning(cfg)
-    elif args.seeds:
-        finetune_seeds(cfg, args.seeds)
-    else:
-        finetune(cfg)
-    return 0
+def _kwargs(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
+    """argparse keywords of one config field (without names, dest and default)."""
+    meta, base = f.metadata, _base(hint)
+    kw: dict[str, Any] = {}
+    if base is bool:
+        return {"action": "store_true"}
+    if meta.get("parse"):  # one text -> the whole value (``--seeds 1,2,3``)
+        return {"type": meta["parse"], "metavar": meta.get("metavar")}
+    if typing.get_origin(base) is list:
+        base = typing.get_args(base)[0]
+        kw.update({"action": "append"} if meta.get("repeat") else {"nargs": "+"})
+    if base in (int, float):
+        kw["type"] = _number(base, meta.get("minimum"))
+    if meta.get("choices"):
+        kw["choices"] = list(meta["choices"])
+    if meta.get("metavar"):
+        kw["metavar"] = meta["metavar"]
+    return kw
 
 
-def _evaluate(args: argparse.Namespace, extra: list) -> int:
-    import json
-
-    if args.what == "summarization":
-        from bertforge.metrics.rouge import evaluate_summarization_files
-
-        if not args.references:
-            raise UserError("evaluate summarization needs --references (the reference summaries)")
-        scores = evaluate_summarization_files(Path(args.predictions), Path(args.references),
-                                              prediction_field=args.prediction_field,
-                                              reference_field=args.reference_field)
-    else:
-        from bertforge.metrics.squad import evaluate_squad_files
-
-        if not args.data:
-            raise UserError("evaluate squad needs --data (the SQuAD dev JSON)")
-        scores = evaluate_squad_files(Path(args.data), Path(args.predictions),
-                                      Path(args.na_probs) if args.na_probs else None)
-    print(json.dumps(scores, indent=2))
-    return 0
-
-
-def _generate(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.inference.generate import generate_file
-
-    overrides = {k: getattr(args, k) for k in ("num_beams", "length_penalty", "max_length",
-                                               "min_length", "no_repeat_ngram_size")
-                 if getattr(args, k) is not None}
-    if args.early_stopping is not None:
-        overrides["early_stopping"] = {"true": True, "false": False}.get(args.early_stopping,
-                                                                         args.early_stopping)
-    out = generate_file(Path(args.model), Path(args.input), Path(args.output),
-                        overrides=overrides, batch_size=args.batch_size, device=args.device,
-                        text_field=args.text_field, max_source_length=args.max_source_length)
-    print(f"wrote {out}")
-    return 0
+def _add_field(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any,
+               dest: str) -> None:
+    kw = _kwargs(f, hint)
+    positional = f.metadata.get("positional")
+    if positional:
+        # (None, not SUPPRESS: argparse checks an absent optional positional's default against
+        # the choices; _values drops it.)
+        nargs = {"nargs": "?", "default": None} if positional == "?" else {}
+        p.add_argument(f.name, help=_help(f, True), **nargs, **kw)
+        return
+    p.add_argument(_flag(f.name), dest=dest, default=argparse.SUPPRESS,
+                   help=_help(f, False), **kw)
+    for old in f.metadata.get("aliases", ()):
+        if old == "config":  # --config is the YAML file of every command; see _yaml_file
+            continue
+        action = {"nargs": 0, "const": True} if kw.get("action") == "store_true" else {
+            k: v for k, v in kw.items() if k != "action"}
+        p.add_argument(_flag(old), dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                       action=_Renamed, new=_flag(f.name), **action)
 
 
-def _predict(args: argparse.Namespace, extra: list) -> int:
-    if args.mode is None:
-        given = [f for f in ("question", "context", "context_file", "text") if getattr(args, f)]
-        if given:
-            raise UserError(f"--{given[0].replace('_', '-')} needs a MODE, e.g. `bertforge "
-                            "predict qa --model DIR --question Q --context C`")
-        if not (args.data and args.output):
-            raise UserError("predict needs a MODE (qa, classify, tag, fill-mask, summarize, "
-                            "embed) or --data and --output to predict a whole file")
-        from bertforge.inference.predict import predict_file
+def _ordered(cls: type) -> list[dataclasses.Field]:
+    """Flags in help order: positional arguments, required options, the class's own options,
+    then those it inherits (e.g. the shared generation options)."""
+    own = getattr(cls, "__annotations__", {})
 
-        out = predict_file(Path(args.model), Path(args.data), Path(args.output), extra)
-        print(f"wrote predictions to {out}")
-        return 0
-    if extra or args.data or args.output:
-        wrong = " ".join(extra) or ("--data" if args.data else "--output")
-        raise UserError(f"predict {args.mode} does not take {wrong}: --data, --output and "
-                        "--key=value settings are for predicting a whole file (no MODE)")
-    from bertforge.inference.interactive import run_predict
+    def rank(f: dataclasses.Field) -> int:
+        default = default_of(f)
+        if f.metadata.get("positional"):
+            return 0
+        return 1 if isinstance(default, str) and default == REQUIRED else 2 if f.name in own else 3
 
-    options = {k: getattr(args, k) for k in ("doc_stride", "max_query_length", "pooling")
-               if getattr(args, k) is not None}
-    fields = {k: getattr(args, k) for k in ("top_k", "num_beams", "max_length", "min_length",
-                                            "length_penalty", "no_repeat_ngram_size")
-              if getattr(args, k) is not None}
-    return run_predict(args.mode, args.model, question=args.question, context=args.context,
-                       context_file=args.context_file, texts=args.text or (),
-                       as_json=args.json, device=args.device, precision=args.precision,
-                       max_length=args.max_seq_length, truncation=args.truncation,
-                       options=options, fields=fields, stdin=sys.stdin, stdout=sys.stdout,
-                       stderr=sys.stderr)
+    return sorted(dataclasses.fields(cls), key=rank)
 
 
-def _serve(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.serve import serve
-
-    return serve(Path(args.model), host=args.host, port=args.port, task=args.task,
-                 backend=args.backend, api_key=args.api_key,
-                 max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-                 max_batch_items=args.max_batch_items, max_body_bytes=args.max_body_bytes,
-                 max_text_chars=args.max_text_chars, truncation=args.truncation,
-                 device=args.device, embeddings=not args.no_embeddings,
-                 log_level=args.log_level)
+def _example(cls: type) -> str:
+    """A ``--key=value`` of ``cls`` for the help text, with its default where it has one."""
+    fields = [f for f in _ordered(cls) if f.metadata.get("cli", True)
+              and not f.metadata.get("positional")]
+    set_ = [f for f in fields if default_of(f) not in (None, REQUIRED)]
+    return f"--{set_[-1].name}={default_of(set_[-1])}" if set_ else f"--{fields[-1].name}=..."
 
 
-def _export(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.export import export_onnx
+def _epilog(command: Command) -> str:
+    if not command.flat:
+        from bertforge.recipes import RECIPES_DIR, list_recipes
 
-    report = export_onnx(Path(args.model), Path(args.output), opset=args.opset,
-                         quantize=args.quantize, sample=Path(args.sample) if args.sample else None,
-                         triton=args.triton, atol=args.atol, exporter=args.exporter)
-    print(report.summary())
-    return 0
-
-
-def _seed_list(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text}")
-    if not seeds or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"expected seeds >= 0, got {text}")
-    return seeds
-
-
-def _plan(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.train.plan import plan_batch
-
-    print(plan_batch(model=args.model, seq_len=args.seq_len, gpus=args.gpus,
-                     gpu_memory_gib=args.gpu_memory, global_batch_size=args.global_batch_size,
-                     precision=args.precision).summary())
-    return 0
+        folder = (f", folder optional; copy one from {RECIPES_DIR} to edit it"
+                  if "pretrain" in command.recipes else "")
+        return ("config keys (set in the YAML file or as --key=value):\n"
+                + "\n".join(describe(command.config))
+                + f"\n\nrecipes (--config NAME{folder}):\n"
+                + "\n".join(f"  {name}" for name in list_recipes(*command.recipes)))
+    renamed = [f"{_flag(old)} (now {_flag(f.name)})" for f in dataclasses.fields(command.config)
+               for old in f.metadata.get("aliases", ())]
+    text = ("Every option is also a config key: give settings in a YAML file with --config "
+            f"FILE.yaml, or as --key=value (e.g. {_example(command.config)}); the command line "
+            "wins over the file.")
+    if command.saves:
+        text += f" The resolved config is saved {command.saves}."
+    if renamed:
+        text += f" Old names still accepted (with a note): {', '.join(renamed)}."
+    return textwrap.fill(text, 88)
 
 
-def _demo(args: argparse.Namespace, extra: list) -> int:
-    from bertforge.demo import run_demo
-
-    run_demo(Path(args.workdir), steps=args.steps, bart_steps=args.bart_steps)
-    return 0
-
-
-# --- parser -----------------------------------------------------------------------------------
+def _add_command(sub: Any, command: Command) -> None:
+    p = sub.add_parser(command.name, help=command.help, description=command.help,
+                       formatter_class=_Formatter, epilog=_epilog(command))
+    p.set_defaults(**{COMMAND: command, PARSER: p})
+    p.add_argument("--config", dest=YAML, default=None, metavar="RECIPE_OR_YAML"
+                   if command.recipes else "FILE.yaml",
+                   help="A recipe name (see below) or a YAML file." if command.recipes else
+                   "A YAML file of settings (keys as in --key=value); the command line "
+                   "overrides it.")
+    if command.options is not None:
+        hints = typing.get_type_hints(command.options)
+        for f in dataclasses.fields(command.options):
+            _add_field(p, f, hints[f.name], OPTION + f.name)
+    if command.flat:
+        hints = typing.get_type_hints(command.config)
+        for f in _ordered(command.config):
+            if f.metadata.get("cli", True) and section_type(f) is None:
+                _add_field(p, f, hints[f.name], f.name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,281 +194,145 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bertforge", formatter_class=_Formatter,
         description="BERT and BART pretraining and fine-tuning with Hugging Face checkpoints "
                     "natively.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
+    parser.add_argument("-v", "--verbose", dest=VERBOSE, action="store_true",
+                        help="Debug logging.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def add(name: str, handler: Handler, help: str, **kw) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter, **kw)
-        p.set_defaults(handler=handler)
-        return p
-
-    p = add("vocab", _vocab, "Train a vocabulary: WordPiece for BERT (vocab.txt + tokenizer.json) "
-            "or byte-level BPE for BART (a tokenizer directory).")
-    _add_input_args(p)
-    p.add_argument("--type", choices=["wordpiece", "bpe"], default="wordpiece",
-                   help="wordpiece (BERT) or bpe (BART's byte-level BPE, specials <s> <pad> </s> "
-                        "<unk> <mask>).")
-    p.add_argument("--vocab-size", type=_positive_int, default=30522,
-                   help="Target vocabulary size (BART's is 50265).")
-    p.add_argument("--output", required=True,
-                   help="wordpiece: vocab.txt to write (tokenizer.json goes beside it); bpe: a "
-                        "directory for tokenizer.json, vocab.json, merges.txt and configs.")
-    p.add_argument("--cased", action="store_true",
-                   help="WordPiece: keep case and accents (default: lower-case and strip accents, "
-                        "as BERT uncased). BPE always keeps case.")
-    p.add_argument("--min-frequency", type=_positive_int, default=2, help="Minimum count of a merged piece.")
-
-    p = add("prepare", _prepare, "Turn a corpus into pretraining data (sentence pairs, shards).")
-    _add_input_args(p)
-    p.add_argument("--vocab", required=True,
-                   help="vocab.txt, tokenizer.json or a model/tokenizer directory (WordPiece or BPE).")
-    p.add_argument("--output", required=True, help="Output directory.")
-    p.add_argument("--max-seq-length", type=_positive_int, default=128, help="Tokens per sequence.")
-    p.add_argument("--max-predictions", type=_positive_int, default=20,
-                   help="Masked tokens per sequence at most (stored for the loader; used by hdf5).")
-    p.add_argument("--masked-lm-prob", type=float, default=0.15, help="Fraction of tokens masked.")
-    p.add_argument("--short-seq-prob", type=float, default=0.1,
-                   help="Probability of a shorter target length (as Google's BERT).")
-    p.add_argument("--objective", choices=["nsp", "sop", "none", "denoise"], default="nsp",
-                   help="nsp / sop: BERT sentence pairs (next-sentence, sentence-order); none: "
-                        "packed text; denoise: packed documents with sentence boundaries for BART "
-                        "(noise is drawn at load time; native format only).")
-    p.add_argument("--whole-word-masking", action="store_true", help="Mask whole words only.")
-    p.add_argument("--dupe-factor", type=_positive_int, default=5,
-                   help="hdf5 only: copies of the data with different static masks.")
-    p.add_argument("--validation-fraction", type=float, default=0.01,
-                   help="Fraction of documents held out for validation.")
-    p.add_argument("--workers", type=_positive_int, default=1, help="Worker processes.")
-    p.add_argument("--seed", type=int, default=12345, help="Seed (output is identical for a seed).")
-    p.add_argument("--format", choices=["native", "hdf5"], default="native",
-                   help="native: token ids, masks drawn at load time; hdf5: NVIDIA/Google static masks.")
-    p.add_argument("--overwrite", action="store_true",
-                   help="Replace an existing output made with different settings.")
-
-    p = add("inspect", _inspect, "Show a prepared dataset's manifest and a few decoded instances.")
-    p.add_argument("path", help="A `prepare` output directory, or hdf5 file(s)/directory.")
-    p.add_argument("--num", type=_positive_int, default=3, help="Instances to show.")
-    p.add_argument("--seed", type=int, default=0, help="Which instances / masks to draw.")
-
-    p = add("convert", _convert, "Convert an NVIDIA DeepLearningExamples BERT checkpoint to "
-            "Hugging Face format.")
-    p.add_argument("--checkpoint", required=True, help="NVIDIA .pt checkpoint.")
-    p.add_argument("--config", required=True, help="Their bert_config.json, or a preset name.")
-    p.add_argument("--output", required=True, help="Output model directory.")
-    p.add_argument("--vocab", default=None, help="vocab.txt to ship with the model.")
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="Allow full pickle loading (only for checkpoints you trust).")
-
-    from bertforge.config import PretrainConfig, describe
-    from bertforge.recipes import RECIPES_DIR, list_recipes
-
-    p = add("pretrain", _pretrain, "Pretrain BERT (MLM + NSP) or BART (denoising) on prepared "
-            "data.",
-            epilog="config keys (set in the YAML file or as --key=value):\n"
-                   + "\n".join(describe(PretrainConfig))
-                   + f"\n\nrecipes (--config NAME, folder optional; copy one from {RECIPES_DIR} "
-                     "to edit it):\n"
-                   + "\n".join(f"  {name}" for name in list_recipes("pretrain", "debug")))
-    p.add_argument("--config", default=None,
-                   help="A recipe name (see below) or a YAML file.")
-    p.add_argument("--benchmark", action="store_true",
-                   help="Warm up, time benchmark.steps steps, report sequences/s, MFU and memory; "
-                        "no checkpoints.")
-
-    from bertforge.config import FinetuneConfig
-
-    p = add("finetune", _finetune, "Fine-tune and evaluate on SQuAD, GLUE, your own "
-            "classification data, SWAG, token classification or summarization (BART).",
-            epilog="config keys (set in the YAML file or as --key=value):\n"
-                   + "\n".join(describe(FinetuneConfig))
-                   + "\n\nrecipes (--config NAME):\n"
-                   + "\n".join(f"  {name}" for name in list_recipes("finetune")))
-    p.add_argument("--config", default=None, help="A recipe name (see below) or a YAML file.")
-    p.add_argument("--seeds", type=_seed_list, default=None, metavar="S1,S2,...",
-                   help="Run once per seed (output_dir/seed-N) and report each and the median.")
-    p.add_argument("--benchmark", action="store_true",
-                   help="Time benchmark.steps training steps; report sequences/s and MFU.")
-
-    p = add("evaluate", _evaluate, "Score predictions: SQuAD v1.1/v2.0 (official metrics) or "
-            "summaries (ROUGE-1/2/L/Lsum).")
-    p.add_argument("what", choices=["squad", "summarization"], help="What to evaluate.")
-    p.add_argument("--predictions", required=True,
-                   help="squad: predictions.json (question id -> answer); summarization: JSON "
-                        "Lines with id and summary (or prediction), or a .txt, one per line.")
-    p.add_argument("--data", default=None, help="squad: the SQuAD dev JSON (v1.1 or v2.0).")
-    p.add_argument("--na-probs", default=None,
-                   help="squad v2.0: null_odds.json (no-answer scores) for the threshold search.")
-    p.add_argument("--references", default=None,
-                   help="summarization: reference summaries (JSONL/CSV/TSV, CNN/DailyMail story "
-                        "directory, or .txt one per line); matched by id when both have ids.")
-    p.add_argument("--prediction-field", default=None,
-                   help="summarization: the predictions' text field (default: summary/prediction).")
-    p.add_argument("--reference-field", default=None,
-                   help="summarization: the references' field (default: detected; a list field "
-                        "gives several references per example).")
-
-    p = add("generate", _generate, "Generate with a BART model (batch summarization), using its "
-            "generation_config.json unless overridden.")
-    p.add_argument("--model", required=True, help="A BART model directory (e.g. from "
-                   "`bertforge finetune` with task: summarization).")
-    p.add_argument("--input", required=True,
-                   help="JSONL/CSV/TSV with a text column (article, document, text, ...), a "
-                        "CNN/DailyMail story directory, or a .txt with one text per line.")
-    p.add_argument("--output", required=True, help="JSON Lines to write: {id, summary} per text.")
-    p.add_argument("--text-field", default=None, help="The input's text column (default: detected).")
-    p.add_argument("--batch-size", type=_positive_int, default=8, help="Texts per batch.")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1...")
-    p.add_argument("--max-source-length", type=_positive_int, default=None,
-                   help="Input tokens kept per text (default: the model's positions).")
-    p.add_argument("--num-beams", type=_positive_int, default=None, help="Beams (1 = greedy).")
-    p.add_argument("--length-penalty", type=float, default=None,
-                   help="Beam score = log-prob / length ** length_penalty.")
-    p.add_argument("--max-length", type=_positive_int, default=None,
-                   help="Longest output in tokens (the decoder start token included).")
-    p.add_argument("--min-length", type=int, default=None, help="Shortest output in tokens.")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=None,
-                   help="Never repeat an n-gram of this size (0 = off).")
-    p.add_argument("--early-stopping", choices=["true", "false", "never"], default=None,
-                   help="Beam search stopping rule (transformers' meaning).")
-
-    from bertforge.inference.interactive import MODES
-
-    p = add("predict", _predict, "Predict with a model. With a MODE: answer a question or "
-            "label texts given as options or read from stdin, one per line. Without: predict a "
-            "whole file with the fine-tuning task's reader (--data, --output; extra "
-            "--key=value options are fine-tuning config keys, e.g. --eval.batch_size=128).")
-    p.add_argument("mode", nargs="?", choices=list(MODES), default=None,
-                   help="qa: answer questions about a passage; classify: label names and "
-                        "scores; tag: word tags; fill-mask: tokens for [MASK] (<mask> for "
-                        "BART); summarize: BART summaries; embed: text vectors. Omit to "
-                        "predict a file.")
-    p.add_argument("--model", required=True, help="A model directory (e.g. written by "
-                   "`bertforge finetune`); its config.json says the task.")
-    p.add_argument("--data", default=None,
-                   help="No MODE: SQuAD JSON / JSONL questions, or TSV/CSV/JSONL sentences, or "
-                        "CoNLL/JSONL tokens, as the model's task reads them.")
-    p.add_argument("--output", default=None,
-                   help="No MODE: file to write (SQuAD: id -> answer JSON; others: JSON Lines).")
-    p.add_argument("--question", default=None,
-                   help="qa: the question; without it questions are read from stdin, one a line.")
-    p.add_argument("--context", default=None, help="qa: the passage to answer from.")
-    p.add_argument("--context-file", default=None, help="qa: a UTF-8 file holding the passage.")
-    p.add_argument("--text", action="append", default=None,
-                   help="Other modes: an input text (repeat for more); without it texts are "
-                        "read from stdin, one a line.")
-    p.add_argument("--json", action="store_true",
-                   help="Print one JSON object per input (JSON Lines) instead of text lines.")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1...")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 autocast on GPUs that support it, else fp32.")
-    p.add_argument("--max-seq-length", type=_positive_int, default=None,
-                   help="Tokens per input (default: the run's data.max_seq_length for qa, else "
-                        "the model's positions).")
-    p.add_argument("--truncation", choices=["error", "truncate"], default=None,
-                   help="An input over --max-seq-length: an error, or cut (and marked). "
-                        "Default: truncate for summarize, error otherwise; qa splits long "
-                        "passages into windows instead.")
-    p.add_argument("--doc-stride", type=_positive_int, default=None,
-                   help="qa: tokens between window starts (default: the run's, else 128).")
-    p.add_argument("--max-query-length", type=_positive_int, default=None,
-                   help="qa: questions are cut to this many tokens (default: the run's, else 64).")
-    p.add_argument("--top-k", type=_positive_int, default=None,
-                   help="fill-mask: candidates per mask (default 5).")
-    p.add_argument("--pooling", choices=["mean", "cls"], default=None,
-                   help="embed: mean of the token vectors (default) or the first token's.")
-    p.add_argument("--num-beams", type=_positive_int, default=None,
-                   help="summarize: beams (default: the model's generation_config.json).")
-    p.add_argument("--max-length", type=_positive_int, default=None,
-                   help="summarize: longest summary in tokens (the decoder start included).")
-    p.add_argument("--min-length", type=int, default=None,
-                   help="summarize: shortest summary in tokens.")
-    p.add_argument("--length-penalty", type=float, default=None,
-                   help="summarize: beam score = log-prob / length ** length_penalty.")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=None,
-                   help="summarize: never repeat an n-gram of this size (0 = off).")
-
-    p = add("serve", _serve, "Serve a model over HTTP (its task's endpoint, /v1/embeddings, "
-            "/health, /metrics, /docs, a page at /) with dynamic batching.")
-    p.add_argument("--model", required=True,
-                   help="A model directory (PyTorch) or a `bertforge export onnx` directory.")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="Address to listen on (0.0.0.0 accepts other machines: set an API key).")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (0: a free one).")
-    p.add_argument("--task", default=None,
-                   help="question-answering, text-classification, token-classification, "
-                        "fill-mask, summarization or feature-extraction (default: from the "
-                        "model's config.json).")
-    p.add_argument("--backend", choices=["torch", "onnx", "onnx-int8"], default="torch",
-                   help="torch, or onnxruntime on model.onnx / model.int8.onnx of an export.")
-    p.add_argument("--api-key", default=None,
-                   help="Require `Authorization: Bearer KEY` (or X-API-Key) on /v1/* and "
-                        "/metrics (default: env BERTFORGE_API_KEY, else open).")
-    p.add_argument("--max-batch-tokens", type=_positive_int, default=8192,
-                   help="Token budget of one model call (padded lengths summed).")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="How long a request waits for others to join its batch.")
-    p.add_argument("--max-batch-items", type=_positive_int, default=32,
-                   help="Items per model call and per {\"inputs\": [...]} request (413 beyond).")
-    p.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20,
-                   help="Largest request body (413 beyond).")
-    p.add_argument("--max-text-chars", type=_positive_int, default=100_000,
-                   help="Longest string in an item field (413 beyond).")
-    p.add_argument("--truncation", choices=["error", "truncate"], default=None,
-                   help="Inputs over the model's length: 422 (error) or cut and flagged "
-                        "(truncate); default: the task's (error; QA windows, summaries cut).")
-    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N.")
-    p.add_argument("--no-embeddings", action="store_true",
-                   help="Do not serve /v1/embeddings (it loads the encoder a second time).")
-    p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"], help="Log level.")
-
-    p = add("export", _export, "Export a fine-tuned BERT to ONNX (parity-checked), optionally "
-            "int8-quantized and as a Triton model repository.")
-    p.add_argument("what", choices=["onnx"], help="The format.")
-    p.add_argument("--model", required=True, help="A model directory (BERT heads).")
-    p.add_argument("--output", required=True, help="A new (or empty) output directory.")
-    p.add_argument("--opset", type=_positive_int, default=17, help="ONNX opset.")
-    p.add_argument("--quantize", choices=["int8"], default=None,
-                   help="Also write model.int8.onnx (onnxruntime dynamic quantization) and "
-                        "report the accuracy change.")
-    p.add_argument("--sample", default=None,
-                   help="Texts to check parity and the int8 change on, one per line (a pair or "
-                        "question/context separated by a tab).")
-    p.add_argument("--triton", action="store_true",
-                   help="Also write a Triton Inference Server model repository (triton/).")
-    p.add_argument("--atol", type=float, default=1e-4,
-                   help="Largest allowed |PyTorch - onnxruntime| difference of any output.")
-    p.add_argument("--exporter", choices=["auto", "dynamo", "torchscript"], default="auto",
-                   help="torch.onnx exporter: auto tries dynamo, then TorchScript.")
-
-    p = add("plan", _plan, "Propose micro-batch size and accumulation for a GPU setup.")
-    p.add_argument("--model", default="bert-large-uncased", help="Preset name or config.json.")
-    p.add_argument("--seq-len", type=_positive_int, default=128, help="Sequence length.")
-    p.add_argument("--gpus", type=_positive_int, default=8, help="Total GPUs (all nodes).")
-    p.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU.")
-    p.add_argument("--global-batch-size", type=_positive_int, default=65536, help="Target global batch.")
-    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16",
-                   help="Training precision.")
-
-    p = add("demo", _demo, "Run the end-to-end demo on the bundled sample corpus.")
-    p.add_argument("--workdir", default="build/demo", help="Where the demo writes its files.")
-    p.add_argument("--steps", type=_positive_int, default=300, help="BERT pretraining steps.")
-    p.add_argument("--bart-steps", type=_positive_int, default=300,
-                   help="BART denoising pretraining steps.")
+    for command in COMMANDS:
+        _add_command(sub, command)
     return parser
 
 
+# --- from the parsed arguments to a config -----------------------------------------------------
+
+
+def _switch_values(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``--cased=false``: a switch given a value is a ``--key=value`` setting, which argparse
+    would refuse; take those out of ``argv``."""
+    names = [a for a in argv if not a.startswith("-")]
+    command = BY_NAME.get(names[0]) if names else None
+    if command is None or not command.flat:
+        return argv, []
+    hints = typing.get_type_hints(command.config)
+    switches = {f.name for f in dataclasses.fields(command.config) if _base(hints[f.name]) is bool}
+    kept, settings = [], []
+    for arg in argv:
+        name, eq, value = arg[2:].partition("=")
+        if arg.startswith("--") and eq and name.replace("-", "_") in switches:
+            settings.append(f"--{name.replace('-', '_')}={value}")
+        else:
+            kept.append(arg)
+    return kept, settings
+
+
+def _sort_extra(command: Command, extra: Sequence[str],
+                parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """The arguments argparse left: (``--key=value`` overrides, passed-through settings)."""
+    keys = set(config_keys(command.config))
+    top = {f.name for f in dataclasses.fields(command.config)}
+    overrides, passed, stray = [], [], []
+    for item in extra:
+        name, eq, _ = item[2:].partition("=")
+        if not item.startswith("--"):
+            stray.append(item)
+        elif command.passthrough and name.split(".")[0] not in top:
+            passed.append(item)
+        elif eq:
+            overrides.append(item)
+        elif name in keys:
+            raise ConfigError(f"override '{item}' must look like --section.key=value")
+        else:
+            raise _unknown_option(command, item, parser)
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    return overrides, passed
+
+
+def _unknown_option(command: Command, item: str, parser: argparse.ArgumentParser) -> ConfigError:
+    """An unknown ``--name`` without a value: the closest flag, else the closest config key."""
+    flags = [f for f in parser._option_string_actions if f.startswith("--")]
+    hint = next(iter(difflib.get_close_matches(item, flags, n=1, cutoff=0.7)), None)
+    close = None if hint else closest_key(command.config, item[2:].replace("-", "_"))
+    if close:
+        hint = _flag(close) if command.flat and "." not in close else f"--{close}=..."
+    return ConfigError(f"unknown option '{item}' of `bertforge {command.name}`."
+                       f"{f' Did you mean {hint!r}?' if hint else ''} Run with --help to list "
+                       "the options.")
+
+
+def _values(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given on the command line as a nested dict of config keys."""
+    values: dict[str, Any] = {}
+    for dest, value in vars(args).items():
+        if dest.startswith("=") or dest == "command" or value is None:
+            continue
+        *parents, leaf = dest.split(".")
+        node = values
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return values
+
+
+def _yaml_file(command: Command, given: str | None, values: dict[str, Any]) -> Any:
+    """The YAML layer of ``--config``: a recipe name or a file. A command whose own setting was
+    once called ``--config`` (convert's model config) still takes a non-YAML value for it."""
+    if given is None:
+        return None
+    renamed = [f.name for f in dataclasses.fields(command.config)
+               if "config" in f.metadata.get("aliases", ())]
+    if renamed and not given.endswith((".yaml", ".yml")):
+        deprecation_note(f"--config {given} (the {renamed[0].replace('_', ' ')})",
+                         _flag(renamed[0]))
+        values.setdefault(renamed[0], given)
+        return None
+    if command.recipes:
+        from bertforge.recipes import resolve_recipe
+
+        return resolve_recipe(given)
+    return given
+
+
+def configure(command: Command, args: argparse.Namespace,
+              extra: Sequence[str]) -> tuple[Any, Any]:
+    """(config, run options) of a parsed command line; ConfigError for any mistake."""
+    overrides, passed = _sort_extra(command, extra, getattr(args, PARSER))
+    values = _values(args)
+    if passed:
+        values[command.passthrough] = passed
+    path = _yaml_file(command, getattr(args, YAML), values)
+    cfg = load_config(command.config, path, overrides, values=values)
+    options = None
+    if command.options is not None:
+        options = command.options(**{f.name: getattr(args, OPTION + f.name)
+                                     for f in dataclasses.fields(command.options)
+                                     if hasattr(args, OPTION + f.name)})
+    return cfg, options
+
+
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """argparse's part: (namespace, the ``--key=value`` settings and other leftovers)."""
+    argv, switches = _switch_values(list(argv))
+    args, extra = build_parser().parse_known_args(argv)
+    return args, [*switches, *extra]
+
+
+def resolve(argv: Sequence[str]) -> tuple[Command, Any, Any]:
+    """(command, config, run options) of a command line, without running it."""
+    args, extra = _parse(argv)
+    command = getattr(args, COMMAND)
+    return (command, *configure(command, args, extra))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command not in ("pretrain", "finetune", "predict"):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s"
-                        if args.verbose else "%(message)s")
+    args, extra = _parse(sys.argv[1:] if argv is None else argv)
+    verbose = getattr(args, VERBOSE)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s" if verbose else "%(message)s")
+    command: Command = getattr(args, COMMAND)
     try:
         with raise_on_stop():  # SIGTERM at any moment outside the train loop: a clean exit
-            return args.handler(args, extra)
+            cfg, options = configure(command, args, extra)
+            return command.invoke(cfg, options)
     except (UserError, RunError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

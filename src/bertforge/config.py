@@ -1,44 +1,28 @@
-"""Typed run configuration: dataclasses, YAML files and ``--section.key=value`` overrides.
+"""Typed run configuration: the pretraining and fine-tuning configs, and the generation options
+that fine-tuning, ``generate``, ``predict summarize`` and the server share.
 
-Every field carries its help text in ``metadata["help"]``; ``describe()`` turns that into the
-``--help`` listing, so the documentation of a key lives next to its type and default.
-Loading is OmegaConf's structured configs: YAML and dotted overrides are merged onto the
-dataclass schema, which rejects unknown keys and coerces/validates types; we only translate its
-errors into messages that name the key and suggest the closest valid one.
+Every field carries its help text (``opt``); loading (defaults < YAML < ``--section.key=value``),
+the did-you-mean errors, saving and the ``--help`` listing are ``bertforge.core.schema``'s, the
+one loader of every command, re-exported here. The configs of the other commands live beside
+their commands (``bertforge.commands``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, List, Optional, Sequence, TypeVar
-
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, List, Optional, Union
 
 from bertforge.core import limits
-from bertforge.errors import ConfigError
-from bertforge.core.io import write_text_atomic
 from bertforge.core.limits import (ATTENTION_BACKENDS, OPTIMIZERS, PRECISIONS, SCHEDULES,
-                             check_choice)
+                                   check_choice)
+from bertforge.core.schema import (describe, load_config, opt, run_defining_keys, save_config,
+                                   to_dict)
+from bertforge.errors import ConfigError
 
-T = TypeVar("T")
-
-
-def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None,
-        run_defining: bool = False) -> Any:
-    """A dataclass field with its help text (``factory`` for mutable defaults).
-
-    ``run_defining``: the key shapes a run's trajectory (a resume with another value would
-    silently train something else, e.g. a schedule restored for the old step count), so a
-    resume must match the checkpoint's value; on a section it covers every key inside.
-    """
-    meta = {"help": help, "run_defining": run_defining}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+__all__ = ["FinetuneConfig", "GenerationOptions", "NoiseConfig", "PretrainConfig", "RunConfig",
+           "describe", "load_config", "opt", "run_defining_keys", "save_config", "to_dict"]
 
 
 @dataclass
@@ -245,8 +229,6 @@ class PretrainConfig(RunConfig):
                      run_defining=True)
 
 
-FINETUNE_TASKS = ("squad", "glue", "classification", "swag", "token-classification",
-                  "summarization")
 
 
 @dataclass
@@ -301,35 +283,85 @@ class FinetuneDataConfig:
 
 
 @dataclass
-class EvalConfig:
+class GenerationOptions:
+    """How to generate (summaries), defined once for ``finetune`` (as ``eval.*``), ``generate``,
+    ``predict summarize`` and the server's summarization requests. Unset (None): the model's
+    generation_config.json. The ranges are ``GenerationConfig``'s, checked by building one."""
+
+    key_prefix: ClassVar[str] = ""  # how the settings are named in errors (``eval.``)
+
+    num_beams: Optional[int] = opt(None, "Beams of beam search (1 = greedy).")
+    length_penalty: Optional[float] = opt(None, "Beam score = log-prob / length ** "
+                                          "length_penalty.")
+    max_length: Optional[int] = opt(None, "Longest output in tokens (the decoder start token "
+                                    "included).")
+    min_length: Optional[int] = opt(None, "Shortest output in tokens.")
+    no_repeat_ngram_size: Optional[int] = opt(None, "Never repeat an n-gram of this size "
+                                              "(0 = off).")
+    early_stopping: Optional[Union[bool, str]] = opt(
+        None, "Beam search stopping rule, transformers' meaning: true (stop once num_beams "
+        "hypotheses are finished), false or never.", choices=("true", "false", "never"))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.early_stopping, str) and self.early_stopping.lower() in ("true",
+                                                                                    "false"):
+            self.early_stopping = self.early_stopping.lower() == "true"
+        given = self.generation_overrides()
+        if given:
+            check_generation_settings(given, self.key_prefix)
+
+    @classmethod
+    def setting_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(GenerationOptions))
+
+    @classmethod
+    def request_kinds(cls) -> dict[str, type | None]:
+        """Per setting, the number type a request field must have (None: true/false/"never")."""
+        hints = typing.get_type_hints(GenerationOptions)
+        out: dict[str, type | None] = {}
+        for name in cls.setting_names():
+            types = [t for t in typing.get_args(hints[name]) if t is not type(None)]
+            out[name] = types[0] if types in ([int], [float]) else None
+        return out
+
+    def generation_overrides(self) -> dict[str, Any]:
+        """The generation settings given here (None = keep the model's)."""
+        return {k: getattr(self, k) for k in self.setting_names() if getattr(self, k) is not None}
+
+
+def check_generation_settings(given: dict[str, Any], prefix: str = "") -> None:
+    """Validate generation overrides with ``GenerationConfig``'s own rules (one definition).
+
+    Settings are checked together; a minimum length without a maximum is checked against no
+    limit, since the model's own maximum applies later."""
+    from bertforge.models.generation.config import GenerationConfig
+
+    free = {} if "max_length" in given else {"max_length": None, "max_new_tokens": 1 << 30}
+    try:
+        GenerationConfig(**free, **given)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("generation setting ",
+                                           f"generation setting {prefix}", 1)) from None
+
+
+@dataclass
+class EvalConfig(GenerationOptions):
+    """Evaluation and prediction; the generation settings (``eval.num_beams`` ...) apply to
+    summarization."""
+
+    key_prefix: ClassVar[str] = "eval."
+
     batch_size: int = opt(64, "Sequences per evaluation forward pass on one rank.")
     n_best_size: int = opt(20, "squad: candidate start and end tokens kept per window.")
     max_answer_length: int = opt(30, "squad: longest answer in tokens.")
     null_score_diff_threshold: float = opt(0.0, "squad v2.0: answer \"\" when the no-answer score "
                                            "beats the best span by more than this.")
 
-    # Generation (summarization): unset = the model's generation_config.json, if any.
-    num_beams: Optional[int] = opt(None, "summarization: beams of beam search (1 = greedy).")
-    length_penalty: Optional[float] = opt(None, "summarization: beam score = log-prob / "
-                                          "length ** length_penalty.")
-    max_length: Optional[int] = opt(None, "summarization: longest summary in tokens (the decoder "
-                                    "start token included).")
-    min_length: Optional[int] = opt(None, "summarization: shortest summary in tokens.")
-    no_repeat_ngram_size: Optional[int] = opt(None, "summarization: never repeat an n-gram of "
-                                              "this size (0 = off).")
-    early_stopping: Optional[bool] = opt(None, "summarization: stop a beam search once num_beams "
-                                         "hypotheses are finished.")
-
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("batch_size", "n_best_size", "max_answer_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
-
-    def generation_overrides(self) -> dict[str, Any]:
-        """The generation settings given here (None = keep the model's)."""
-        names = ("num_beams", "length_penalty", "max_length", "min_length",
-                 "no_repeat_ngram_size", "early_stopping")
-        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
 
 @dataclass
@@ -369,8 +401,9 @@ class FinetuneOptimConfig(OptimConfig):
 
 @dataclass
 class FinetuneConfig(RunConfig):
-    task: str = opt("classification", "squad, glue, classification, swag, token-classification "
-                    "or summarization.", run_defining=True)
+    task: str = opt("classification", "question-answering (alias squad), text-classification "
+                    "(aliases classification, glue), token-classification, multiple-choice "
+                    "(alias swag) or summarization.", run_defining=True)
     model: Optional[str] = opt(None, "Starting point: a Hugging Face BERT directory or a bertforge "
                                "checkpoint (with its tokenizer); heads it lacks start fresh.",
                                run_defining=True)
@@ -384,129 +417,5 @@ class FinetuneConfig(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice(self.task, "task", FINETUNE_TASKS, ConfigError)
-
-    @property
-    def max_seq_length(self) -> int:
-        default = {"squad": 384, "summarization": 1024}.get(self.task, 128)
-        return self.data.max_seq_length or default
-
-
-# --- loading -------------------------------------------------------------------------------
-
-
-def _section(f: dataclasses.Field) -> type | None:
-    """The dataclass of a nested section field (sections are built by their default factory)."""
-    sub = f.default_factory
-    return sub if isinstance(sub, type) and dataclasses.is_dataclass(sub) else None
-
-
-def run_defining_keys(cls: type, prefix: str = "") -> list[str]:
-    """Dotted keys (or section prefixes ending in ".") marked ``run_defining`` in ``cls``."""
-    out = []
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        if f.metadata.get("run_defining"):
-            out.append(key + "." if _section(f) is not None else key)
-        elif _section(f) is not None:
-            out += run_defining_keys(_section(f), key + ".")
-    return out
-
-
-def _keys(cls: type, prefix: str = "") -> list[str]:
-    """All dotted keys of a config dataclass, sections included."""
-    out = []
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        out.append(key)
-        if _section(f) is not None:
-            out += _keys(_section(f), key + ".")
-    return out
-
-
-def _unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
-    valid = _keys(cls)
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    return ConfigError(f"unknown config key '{key}' in {where}.{hint} "
-                       f"Run with --help to list the valid keys.")
-
-
-def _parse_overrides(overrides: Sequence[str]) -> list[str]:
-    dotlist = []
-    for raw in overrides:
-        item = raw[2:] if raw.startswith("--") else raw
-        if "=" not in item:
-            raise ConfigError(f"override '{raw}' must look like --section.key=value")
-        dotlist.append(item)
-    return dotlist
-
-
-def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Build ``cls`` from defaults, then a YAML file, then ``--key=value`` overrides (in that order)."""
-    schema = OmegaConf.structured(cls)
-    layers: list[tuple[str, Any]] = []
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            layer = OmegaConf.load(path)
-        except Exception as exc:  # yaml.YAMLError and friends: show where the file is broken
-            raise ConfigError(f"cannot parse config file {path}: {exc}") from None
-        if not isinstance(layer, DictConfig):
-            kind = "a list" if isinstance(layer, ListConfig) else "not a mapping"
-            raise ConfigError(f"config file {path}: the top level is {kind}; it must be a mapping "
-                              "of keys to values (e.g. `train:` then indented `max_steps: 100`)")
-        layers.append((str(path), layer))
-    layers.append(("the command line", OmegaConf.from_dotlist(_parse_overrides(overrides))))
-    for where, layer in layers:
-        try:
-            schema = OmegaConf.merge(schema, layer)
-        except ConfigKeyError as exc:
-            raise _unknown_key_error(cls, exc.full_key or str(exc.key), where) from None
-        except ValidationError as exc:
-            msg = str(exc.msg or exc).splitlines()[0]
-            if not exc.full_key:
-                # OmegaConf names no key when a whole section is given a plain value.
-                sections = [f.name for f in dataclasses.fields(cls) if _section(f) is not None]
-                raise ConfigError(
-                    f"bad value in {where}: {msg}. {', '.join(sections)} are sections: set "
-                    f"their keys (--section.key=value), not the section itself") from None
-            raise ConfigError(f"bad value for '{exc.full_key}' in {where}: {msg}") from None
-        except OmegaConfBaseException as exc:
-            raise ConfigError(f"invalid config in {where}: {exc}") from None
-    try:
-        return OmegaConf.to_object(schema)  # runs every __post_init__
-    except OmegaConfBaseException as exc:
-        if isinstance(exc.__cause__, ConfigError):
-            raise exc.__cause__ from None
-        if "Missing mandatory value" in str(exc):
-            raise ConfigError(f"config key '{exc.full_key}' must be set") from None
-        raise ConfigError(f"invalid config: {exc}") from None
-
-
-def to_dict(cfg: Any) -> dict:
-    """Plain nested dict of a config instance (for saving and JSON reports)."""
-    return dataclasses.asdict(cfg)
-
-
-def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML, loadable again with ``load_config``."""
-    write_text_atomic(Path(path), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-
-
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """One help line per key: ``--key (type, default X): help``."""
-    lines = []
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        if _section(f) is not None:
-            lines += describe(_section(f), key + ".")
-            continue
-        has_factory = f.default_factory is not dataclasses.MISSING
-        default = f.default_factory() if has_factory else f.default
-        typ = getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
-        mark = "  [run-defining: a resume must match]" if f.metadata.get("run_defining") else ""
-        lines.append(f"  --{key}={default!r}  ({typ}){mark}\n      {f.metadata.get('help', '')}")
-    return lines
+        # The task name is checked against the task registry by the command that runs it
+        # (bertforge.tasks.finetune.build_task), before any data is read.

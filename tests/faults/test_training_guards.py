@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import bertforge.tasks.pretrain as pretrain_module
+import bertforge.tasks.mlm as pretrain_module
 from bertforge.cli import main
 from bertforge.optim import Lamb
 from bertforge.train.resume import verify_checkpoint

@@ -15,7 +15,7 @@ from torch import nn
 
 from bertforge.config import PretrainConfig, load_config
 from bertforge.data.loader import masking_spec
-from bertforge.data.prepare import _check_args
+from bertforge.data.prepare_config import PrepareConfig
 from bertforge.errors import ConfigError
 from bertforge.optim import Lamb, build_optimizer, build_scheduler
 
@@ -94,13 +94,13 @@ def test_config_and_library_accept_the_same_names(key: str, name: str, call) -> 
 
 
 def test_prepare_flags_agree_with_the_config_and_the_loader() -> None:
-    defaults = dict(max_seq_length=128, short_seq_prob=0.1, objective="nsp",
-                    input_format="auto", fmt="native", workers=1, dupe_factor=1,
-                    validation_fraction=0.01, masked_lm_prob=0.15, max_predictions=20,
+    defaults = dict(input=["corpus.txt"], vocab="vocab.txt", output="out", max_seq_length=128,
+                    short_seq_prob=0.1, objective="nsp", input_format="auto", format="native",
+                    workers=1, dupe_factor=1, validation_fraction=0.01, max_predictions=20,
                     docs_per_shard=1, chunk_bytes=1, length_bin_width=1)
     for value in NUMBERS:
         try:
-            _check_args({**defaults, "masked_lm_prob": value})
+            PrepareConfig(**defaults, masked_lm_prob=value)
             flag_ok = True
         except ConfigError as exc:
             assert str(exc).startswith("--masked-lm-prob: must be a finite number in (0, 1)")

@@ -17,7 +17,7 @@ from bertforge.config import PretrainConfig, load_config
 from bertforge.errors import ConfigError
 from bertforge.recipes import resolve_recipe
 from bertforge.tasks.denoise import DenoiseTask
-from bertforge.tasks.pretrain import benchmark_pretraining, pretrain
+from bertforge.tasks.pretrain import benchmark_pretraining, pretrain, pretraining_task
 from bertforge.train.distributed import DistInfo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,8 +104,9 @@ def test_stopped_and_resumed_run_equals_the_straight_run(tmp_path, bart_data, st
 def test_batches_do_not_depend_on_the_worker_count(tmp_path, bart_data):
     streams = []
     for workers in (0, 2):
-        task = DenoiseTask(config(bart_data, tmp_path, f"--data.num_workers={workers}"),
-                           ONE_PROCESS)
+        task = pretraining_task(config(bart_data, tmp_path, f"--data.num_workers={workers}"),
+                                ONE_PROCESS)
+        assert isinstance(task, DenoiseTask)
         it = iter(task.train)
         streams.append([next(it) for _ in range(6)])
     for a, b in zip(*streams):

@@ -94,13 +94,15 @@ def test_every_task_writes_its_outputs_and_an_hf_model(case: str, tiny_bert: Pat
     hf, info = getattr(transformers, auto).from_pretrained(out, output_loading_info=True)
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"])
     # Same logits from transformers and from bertforge's reloaded model on a real batch.
-    from bertforge.tasks.finetune import build_task, unwrap
+    from bertforge.tasks.finetune import build_task
+    from bertforge.tasks.finetuning import unwrap
     from bertforge.train.distributed import init_distributed
 
     cfg = load_config(FinetuneConfig, None, args(out, tmp_path / "again", case))
     task = build_task(cfg, init_distributed())
     ours = unwrap(task.build_model(None)).eval()
-    batch = task.eval_features.collate(torch.arange(len(task.eval_features)).numpy())
+    features = task.features.evaluation.features
+    batch = features.collate(torch.arange(len(features)).numpy())
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     with torch.no_grad():
         mine, theirs = ours(**inputs), hf.eval()(**inputs)

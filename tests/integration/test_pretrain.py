@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import bertforge.tasks.pretrain as pretrain_module
 import bertforge.train.run as run_module
 from bertforge.config import PretrainConfig, load_config
 from bertforge.errors import ConfigError, DataError
@@ -194,9 +193,12 @@ def test_data_errors_name_the_problem(tmp_path: Path, tiny_config) -> None:
 
 def test_model_follows_the_data_and_refuses_short_positions(tmp_path: Path, tiny,
                                                             tiny_config) -> None:
-    data = open_pretrain_data(tiny_config(tmp_path), ONE_PROCESS)
-    model = pretrain_module.build_model(tiny_config(tmp_path, "--model=bert-tiny"), data, None,
-                                        CPU)
+    from bertforge.tasks.pretrain import pretraining_task
+
+    def build(*overrides: str):
+        return pretraining_task(tiny_config(tmp_path, *overrides), ONE_PROCESS).build_model(None)
+
+    model = build("--model=bert-tiny")
     manifest = json.loads((Path(tiny.data) / "manifest.json").read_text())
     assert model.config.vocab_size == manifest["vocab_size"]
     assert model.config.pad_token_id == manifest["special_ids"]["pad"]
@@ -208,7 +210,7 @@ def test_model_follows_the_data_and_refuses_short_positions(tmp_path: Path, tiny
                                  "max_position_embeddings": 16}))
     with pytest.raises(ConfigError, match=r"sequences of up to 32 tokens but the model has 16 "
                                           r"positions; prepare with --max-seq-length 16"):
-        pretrain_module.build_model(tiny_config(tmp_path, f"--model={short}"), data, None, CPU)
+        build(f"--model={short}")
 
 
 def test_tensorboard_events_are_written(tmp_path: Path, tiny_config) -> None:

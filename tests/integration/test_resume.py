@@ -21,10 +21,11 @@ import pytest
 import torch
 
 import bertforge.train.loop as loop
-import bertforge.tasks.pretrain as pretrain_module
+import bertforge.tasks.mlm as pretrain_module
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.optim import schedule_lr
 from bertforge.train.checkpoint import load_training_state
+from bertforge.train.data import open_pretrain_data
 from bertforge.train.distributed import DistInfo
 from bertforge.tasks.pretrain import pretrain
 
@@ -139,7 +140,7 @@ def test_loader_refuses_a_foreign_global_batch(tmp_path: Path, tiny_config) -> N
     """The loader's own guard, for callers that restore its state without the config check."""
     first = pretrain(tiny_config(tmp_path / "a", "--train.max_steps=2"))
     state = load_training_state(first.final_checkpoint)
-    loader = pretrain_module.open_pretrain_data(
+    loader = open_pretrain_data(
         tiny_config(tmp_path / "b", "--train.global_batch_size=16"), ONE_PROCESS).train
     with pytest.raises(CheckpointError, match=r"global_batch_size=8, but this run uses 16.*keep "
                                               r"the global batch size"):

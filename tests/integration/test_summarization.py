@@ -129,9 +129,9 @@ def test_a_bert_model_cannot_summarize_and_a_bart_model_cannot_do_squad(tmp_path
 
     bert = tmp_path / "bert"
     BertForMaskedLM(BertConfig.from_preset("bert-tiny", vocab_size=99)).save_pretrained(bert)
-    with pytest.raises(ConfigError, match="is a BERT model but task summarization needs a BART"):
+    with pytest.raises(ConfigError, match="is a BERT model but task summarization needs an encoder-decoder model"):
         finetune(run_config(lead, tmp_path / "a", f"--model={bert}"))
-    with pytest.raises(ConfigError, match="is a BART model but task squad needs a BERT"):
+    with pytest.raises(ConfigError, match="is a BART model but task squad needs an encoder-only model"):
         finetune(run_config(lead, tmp_path / "b", "--task=squad"))
 
 

@@ -10,6 +10,7 @@ import torch
 from bertforge.errors import CheckpointError, ConfigError, DataError
 from bertforge.models.bart import (BartConfig, BartForConditionalGeneration,
                                    BartForSequenceClassification, BartModel, shift_tokens_right)
+from bertforge.train.parallelize import set_gradient_checkpointing
 
 
 def tiny(**overrides) -> BartConfig:
@@ -122,7 +123,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     a = BartForConditionalGeneration(config)
     b = BartForConditionalGeneration(config)
     b.load_state_dict(a.state_dict())
-    b.set_gradient_checkpointing(True)
+    set_gradient_checkpointing(b, True)
     ids = torch.randint(3, 61, (2, 9))
     dec = torch.randint(3, 61, (2, 6))
     for model in (a, b):

@@ -1,4 +1,5 @@
-"""Regional torch.compile (``compile_layers``): compiled == eager, no recompile per batch.
+"""Regional torch.compile (``bertforge.train.parallelize.compile_layers``): compiled == eager,
+no recompile per batch.
 
 Inductor on the CPU (it needs a C++ compiler; the test skips without one). Each test compiles
 a layer's graphs once, with dynamic shapes (the attention kernel of the unpadded path stays eager
@@ -16,6 +17,8 @@ import torch
 from bertforge.data.loader import collate_rows
 from bertforge.models import BertConfig, BertForPreTraining
 from bertforge.tasks.pretrain import pretraining_loss
+from bertforge.train.parallelize import (compile_layers, set_gradient_checkpointing,
+                                         set_unpadding)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -61,12 +64,12 @@ def test_compiled_layers_equal_eager_without_a_recompile_per_batch(unpad) -> Non
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     eager = BertForPreTraining(config)
-    eager.set_unpadding(unpad)
+    set_unpadding(eager, unpad)
     compiled = BertForPreTraining(config)
     compiled.load_state_dict(eager.state_dict())
-    compiled.set_unpadding(unpad)
-    compiled.set_gradient_checkpointing(True)  # compiled layers run under checkpointing too
-    compiled.compile_layers()
+    set_unpadding(compiled, unpad)
+    set_gradient_checkpointing(compiled, True)  # compiled layers run under checkpointing too
+    compile_layers(compiled)
     assert list(compiled.state_dict()) == list(eager.state_dict())  # names unchanged
 
     data = batches([40, 17, 63, 25, 52, 33])
@@ -104,7 +107,7 @@ def test_generation_runs_eagerly_on_a_model_compiled_for_training() -> None:
     eager = BartForConditionalGeneration(config)
     compiled = BartForConditionalGeneration(config)
     compiled.load_state_dict(eager.state_dict())
-    compiled.compile_layers()
+    compile_layers(compiled)
     settings = GenerationConfig.from_model_config(config, max_length=12, num_beams=2)
     sources = [np.arange(5, 5 + n) for n in (9, 4, 7)]
     torch._dynamo.reset()

@@ -14,10 +14,11 @@ import torch
 
 from bertforge.data.loader import collate_rows
 from bertforge.models import BertConfig, BertForPreTraining
-from bertforge.models.unpad import LAYOUT_KEYS
+from bertforge.ops.unpad import LAYOUT_KEYS
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.tasks.pretrain import pretraining_loss
 from bertforge.train.loop import train_step
+from bertforge.train.parallelize import set_unpadding
 from bertforge.train.precision import build_precision
 from bertforge.train.syncs import SyncCounter, cuda_sync_warnings, host_resident
 
@@ -62,7 +63,7 @@ def step_syncs(optim: str, unpad: bool, batch: dict, micro_steps: int = 2) -> di
     model = BertForPreTraining(BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2,
                                           num_attention_heads=2, intermediate_size=64,
                                           max_position_embeddings=64))
-    model.set_unpadding(unpad)
+    set_unpadding(model, unpad)
     optimizer = build_optimizer(model, optim, lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
     scheduler = build_scheduler(optimizer, "constant", total_steps=10, warmup=0.0)
     precision = build_precision("fp32", torch.device("cpu"))
@@ -102,7 +103,7 @@ def test_counts_agree_with_cuda_sync_debug_mode() -> None:
     model = BertForPreTraining(BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2,
                                           num_attention_heads=4, intermediate_size=128,
                                           max_position_embeddings=64)).to(device)
-    model.set_unpadding(True)
+    set_unpadding(model, True)
     optimizer = build_optimizer(model, "lamb", lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
     scheduler = build_scheduler(optimizer, "constant", total_steps=10, warmup=0.0)
     precision = build_precision("bf16", device)

@@ -21,9 +21,10 @@ from bertforge.data.packing import first_fit_decreasing, packing_efficiency
 from bertforge.models import BertConfig, BertForMaskedLM, BertForPreTraining
 from bertforge.models.bart import BartForConditionalGeneration
 from bertforge.models.bart_config import BartConfig
-from bertforge.models.unpad import (TokenLayout, layout_from_batch, packed_keep_mask,
-                                    token_layout, varlen_attention)
+from bertforge.ops.attention import varlen_attention
+from bertforge.ops.unpad import TokenLayout, layout_from_batch, packed_keep_mask, token_layout
 from bertforge.tasks.pretrain import pretraining_loss
+from bertforge.train.parallelize import set_gradient_checkpointing, set_unpadding
 
 CPU_BACKENDS = ("padded", "nested")
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -73,7 +74,7 @@ def test_unpadded_bert_equals_padded_outputs_and_gradients(backend, pre_layernor
     runs = []
     for unpad in (False, True):
         model.zero_grad()
-        model.set_unpadding(unpad, backend)
+        set_unpadding(model, unpad, backend)
         out = pretraining_loss(model, batch)
         out.loss.backward()
         runs.append((out.loss.detach(), out.stats, grads(model)))
@@ -90,7 +91,7 @@ def test_unpadded_hidden_states_equal_at_real_tokens_and_are_zero_at_padding(bac
     batch = padded_batch([12, 30, 5], width=32)
     args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     padded = model.bert(*args)
-    model.set_unpadding(True, backend)
+    set_unpadding(model, True, backend)
     unpadded = model.bert(*args)
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(unpadded.last_hidden_state[real], padded.last_hidden_state[real],
@@ -100,9 +101,9 @@ def test_unpadded_hidden_states_equal_at_real_tokens_and_are_zero_at_padding(bac
     # MLM logits at bool positions and at the same flat positions agree with the padded model
     positions = batch["mlm_labels"] != -100
     flat = positions.reshape(-1).nonzero().squeeze(1)
-    model.set_unpadding(False)
+    set_unpadding(model, False)
     ref = model(*args, masked_positions=positions).mlm_logits
-    model.set_unpadding(True, backend)
+    set_unpadding(model, True, backend)
     torch.testing.assert_close(model(*args, masked_positions=positions).mlm_logits, ref, **TOL)
     torch.testing.assert_close(model(*args, masked_positions=flat).mlm_logits, ref, **TOL)
 
@@ -114,8 +115,8 @@ def test_unpadded_masked_lm_without_pooler_and_with_gradient_checkpointing() -> 
     runs = []
     for unpad in (False, True):
         model.zero_grad()
-        model.set_unpadding(unpad)
-        model.set_gradient_checkpointing(unpad)
+        set_unpadding(model, unpad)
+        set_gradient_checkpointing(model, unpad)
         torch.manual_seed(5)  # dropout draws differ with the layout: compare in eval mode
         model.eval()
         out = pretraining_loss(model, batch)
@@ -144,7 +145,7 @@ def test_unpadded_bart_encoder_equals_padded(normalize_before) -> None:
     runs = []
     for backend in (None, *CPU_BACKENDS):
         model.zero_grad()
-        model.set_unpadding(backend is not None, backend or "auto")
+        set_unpadding(model, backend is not None, backend or "auto")
         out = model(ids, mask, decoder)
         out.logits.square().mean().backward()
         encoded = out.encoder_last_hidden_state
@@ -215,7 +216,7 @@ def masked_rows(lengths: list[int], seed: int = 0) -> list[tuple]:
 def test_packed_rows_train_like_separate_rows(unpad) -> None:
     torch.manual_seed(6)
     model = BertForPreTraining(bert_config())
-    model.set_unpadding(unpad)
+    set_unpadding(model, unpad)
     lengths = [30, 3, 12, 25, 8, 18, 5, 40, 2]
     rows = masked_rows(lengths)
     separate = collate_rows(rows, pad_id=0, pad_to_multiple_of=8)
@@ -306,7 +307,7 @@ def test_nested_backend_kernel_checks_read_nothing_from_the_device() -> None:
     from torch.backends.cuda import SDPAParams
     from torch.nested._internal import sdpa
 
-    from bertforge.models.unpad import nested_heads
+    from bertforge.ops.attention import nested_heads
     from bertforge.train.syncs import SyncCounter
 
     rows = masked_rows([9, 3, 16, 7])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 OPTIMIZERS = ("lamb", "adamw")
-ATTENTION_BACKENDS = ("auto", "flash", "nested", "padded")  # bertforge.models.unpad.BACKENDS
+ATTENTION_BACKENDS = ("auto", "flash", "nested", "padded")  # bertforge.ops.attention.BACKENDS
 SCHEDULES = ("poly", "linear", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 

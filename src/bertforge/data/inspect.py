@@ -130,7 +130,8 @@ def _denoise_samples(ds: native.NativeDataset, split: str, tok: Any, picks: list
     default noise recipe), then noise statistics over up to ``STATISTICS_SAMPLES`` documents."""
     from bertforge.config import NoiseConfig
     from bertforge.data.noising import noise_statistics
-    from bertforge.tasks.denoise import DenoisingBatchMaker, noise_vocab
+    from bertforge.data.collate.seq2seq import DenoisingBatchMaker
+    from bertforge.tasks.denoise import noise_vocab
 
     if tok is None:
         return "(no tokenizer next to the data: cannot show denoising samples)"

@@ -23,6 +23,7 @@ from bertforge.data.batch import IGNORE_INDEX
 from bertforge.data.masking import mask_tokens, normalize_special_ids, order_rng, sample_rng
 from bertforge.data.packing import first_fit_decreasing
 from bertforge.errors import CheckpointError, DataError
+from bertforge.ops.unpad import layout_batch_entries
 
 
 class PretrainingDataset(Protocol):
@@ -91,11 +92,9 @@ def collate_rows(rows: Sequence[Row], *, pad_id: int, pad_to_multiple_of: int,
     Returns int64 tensors input_ids, attention_mask, token_type_ids, mlm_labels (R, S), with
     -100 where nothing is predicted, and nsp_labels (one per sequence); ``position_ids`` (R, S)
     when packed; ``mlm_positions`` (flat positions of the predicted tokens) and the batch's
-    ``TokenLayout`` entries (``bertforge.models.unpad.LAYOUT_KEYS``), so the model needs no
+    ``TokenLayout`` entries (``bertforge.ops.unpad.LAYOUT_KEYS``), so the model needs no
     host-device sync to find tokens, sequences and predictions.
     """
-    from bertforge.models.unpad import layout_batch_entries
-
     if pack_width is None:
         longest = max(len(r[0]) for r in rows)
         s = -(-longest // pad_to_multiple_of) * pad_to_multiple_of

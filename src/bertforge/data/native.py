@@ -200,9 +200,11 @@ class NativeDataset:
     asked for. The object pickles without its mappings, so it can be handed to loader workers.
     """
 
-    def __init__(self, path: str | Path, split: str = "train") -> None:
+    def __init__(self, path: str | Path, split: str = "train",
+                 manifest: dict[str, Any] | None = None) -> None:
         self.root = Path(path)
-        self.manifest = read_manifest(self.root)
+        # A caller that read the manifest (and so checked it) hands it over.
+        self.manifest = manifest if manifest is not None else read_manifest(self.root)
         splits = self.manifest.get("splits", {})
         if split not in splits:
             raise DataError(

@@ -39,22 +39,24 @@ def _manifest_defaults(root: Path, manifest: dict[str, Any],
 
 
 def open_pretraining_dataset(path: str | Path | Sequence[str | Path], *, split: str = "train",
-                             overrides: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+                             overrides: dict[str, Any] | None = None,
+                             manifest: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """Open prepared data; returns (dataset, loader keywords it implies).
 
     ``path`` is a `bertforge prepare` output (native or hdf5; ``split`` picks the split), a
     directory of NVIDIA/Google *.hdf5/*.h5 shards, one such file, or a list of them.
+    ``manifest``: the output's manifest.json when the caller has read it already.
     """
     from bertforge.data.hdf5 import Hdf5Dataset
 
     if not isinstance(path, (str, Path)):
         return Hdf5Dataset([Path(f) for f in path]), {"pad_id": 0}
     p = Path(path)
-    if p.is_dir() and (p / native.MANIFEST_NAME).is_file():
-        manifest = native.read_manifest(p, native_only=False)
+    if manifest or (p.is_dir() and (p / native.MANIFEST_NAME).is_file()):
+        manifest = manifest or native.read_manifest(p, native_only=False)
         defaults = _manifest_defaults(p, manifest, overrides or {})
         if manifest.get("format") == native.FORMAT_NAME:
-            return native.NativeDataset(p, split), defaults
+            return native.NativeDataset(p, split, manifest), defaults
         splits = manifest.get("splits", {})
         if split not in splits:
             raise DataError(f"{p}: no split {split!r} (available: {', '.join(sorted(splits))})")

@@ -4,12 +4,17 @@ Instances follow ``objective``: BERT's sentence pairs (``nsp``), ALBERT's ordere
 packed single segments (``none``), or packed segments with their sentence boundaries for BART's
 denoising (``denoise``, native format only).
 
-The main process only reads documents (cheap I/O) and groups them, in input order, into chunks
-of at most ``docs_per_shard`` documents or ``chunk_bytes`` of text, so chunk boundaries depend
-only on the input. Each chunk becomes one shard per split, built by a worker
+The settings are one :class:`~bertforge.data.prepare_config.PrepareConfig`, checked before any
+work; :func:`prepare_data` then runs named stages: read the inputs (``_open_inputs``), record
+the settings and claim the output (``_settings``, ``_claim_output``), write the shards
+(``_write_shards``), and last the manifest (``_write_manifest``). The main process only reads
+documents (cheap I/O) and groups them, in input order, into chunks of at most
+``docs_per_shard`` documents or ``chunk_bytes`` of text (``_chunks``), so chunk boundaries
+depend only on the input. Each chunk becomes one shard per split, built by a worker
 (:mod:`bertforge.data.prepare_worker`) with RNGs seeded by ``(seed, chunk index)``:
-segmentation, tokenization, validation assignment, instance creation and the shard write. Hence the output is identical byte for byte whatever the worker count, and a
-re-run skips the chunks whose shards exist (resume). ``manifest.json`` is written last.
+segmentation, tokenization, validation assignment, instance creation and the shard write.
+Hence the output is identical byte for byte whatever the worker count, and a re-run skips the
+chunks whose shards exist (resume). ``manifest.json`` is written last.
 
 Stopping: Ctrl-C, SIGTERM or SIGUSR1 reach the main process only (workers ignore them); it drops
 the queued chunks, lets the running ones finish, removes temporary files and keeps every finished
@@ -31,72 +36,22 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
-from bertforge.core import limits
 from bertforge.data import native, native_writer
 from bertforge.data import prepare_worker as worker
-from bertforge.data.instances import check_instance_settings
+from bertforge.data.prepare_config import PrepareConfig
+from bertforge.data.prepare_report import (  # noqa: F401 (the estimate's constants, re-exported)
+    BYTES_PER_TOKEN, TOKENS_PER_SENTENCE, PrepareReport, estimate_bytes as _estimate_bytes,
+    human as _human)
 from bertforge.data.prepare_worker import load_tokenizer
-from bertforge.errors import ConfigError, DataError
+from bertforge.errors import DataError
 from bertforge.core.io import write_json_atomic
 from bertforge.core.signals import Stopped, raise_on_stop
 
 SETTINGS_NAME = "prepare-settings.json"
 TOKENIZER_DIR = "tokenizer"
-# Rough English WordPiece density (bytes of raw text per token) for the up-front size estimate.
-BYTES_PER_TOKEN = 4.5
-# Rough English sentence length in tokens, for the size of denoise's sentence boundaries.
-TOKENS_PER_SENTENCE = 25
-
-
-@dataclass
-class PrepareReport:
-    """What ``prepare`` did; ``summary()`` is the one-screen text the CLI prints."""
-
-    output: Path
-    fmt: str
-    objective: str
-    totals: dict[str, int]
-    splits: dict[str, dict[str, int]]
-    chunks: int
-    resumed_chunks: int
-    input_bytes: int
-    estimated_bytes: int
-    output_bytes: int
-    seconds: float
-    skipped_inputs: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        t = self.totals
-        lines = [
-            f"prepared {self.output} ({self.fmt}, objective {self.objective})",
-            f"  documents  {t['documents']:,} (+{t['skipped_documents']:,} skipped: no text left)",
-            f"  sentences  {t['sentences']:,}",
-            f"  instances  {t['instances']:,}",
-            f"  tokens     {t['tokens']:,}",
-        ]
-        for name, s in self.splits.items():
-            lines.append(f"  {name:<10} {s['instances']:,} instances, {s['tokens']:,} tokens, "
-                         f"{s['documents']:,} documents")
-        resumed = f" ({self.resumed_chunks} done by an earlier run)" if self.resumed_chunks else ""
-        lines.append(f"  shards     {self.chunks} per split{resumed}")
-        lines.append(f"  size       {_human(self.output_bytes)} from {_human(self.input_bytes)} of "
-                     f"input (estimated {_human(self.estimated_bytes)}), {self.seconds:.1f}s")
-        for title, items in (("skipped inputs", self.skipped_inputs),
-                             ("reader warnings", self.warnings)):
-            if items:
-                lines.append(f"  {title} ({len(items)}):")
-                lines += [f"    {x}" for x in items[:20]]
-                if len(items) > 20:
-                    lines.append(f"    ... and {len(items) - 20} more")
-        return "\n".join(lines)
-
-
 @raise_on_stop()  # SIGTERM/SIGUSR1 raise Stopped: the same clean exit as Ctrl-C
 def prepare(
-    inputs: Sequence[str | Path],
+    inputs: Sequence[str | Path] | str | Path,
     vocab: str | Path,
     output: str | Path,
     *,
@@ -121,76 +76,129 @@ def prepare(
 ) -> PrepareReport:
     """Turn text files into pretraining shards in ``output`` and return a report.
 
-    Keywords mirror the ``bertforge prepare`` flags. ``objective`` is one of ``nsp``, ``sop``,
-    ``none`` or ``denoise``; ``denoise`` packs whole sentences as ``none`` does and also stores
-    where each sentence ends (for BART's sentence permutation; the noise is drawn at load time),
-    which only ``fmt="native"`` can hold. ``validation_fraction`` (default 0.01) is
-    the probability that a document is held out for the ``validation`` split (0: no such split).
-    ``dupe_factor`` applies to ``fmt="hdf5"`` only: that many instance passes, each with its own
-    static masks; native shards store one pass and masks are drawn at load time.
-    ``masked_lm_prob``, ``max_predictions`` and ``whole_word_masking`` go to the manifest as the
-    loader's defaults. A chunk (one shard per split) is ``docs_per_shard`` documents or
-    ``chunk_bytes`` of text, whichever comes first. ``overwrite`` replaces an earlier output made
-    with other settings. Raises ``DataError``/``ConfigError`` for user mistakes.
+    Keywords mirror the ``bertforge prepare`` flags (``fmt`` is ``--format``); they become a
+    :class:`~bertforge.data.prepare_config.PrepareConfig` (which checks them all) and run
+    :func:`prepare_data`. ``objective`` is one of ``nsp``, ``sop``, ``none`` or ``denoise``;
+    ``denoise`` packs whole sentences as ``none`` does and also stores where each sentence ends
+    (for BART's sentence permutation; the noise is drawn at load time), which only
+    ``fmt="native"`` can hold. ``validation_fraction`` (default 0.01) is the probability that a
+    document is held out for the ``validation`` split (0: no such split). ``dupe_factor``
+    applies to ``fmt="hdf5"`` only: that many instance passes, each with its own static masks;
+    native shards store one pass and masks are drawn at load time. ``masked_lm_prob``,
+    ``max_predictions`` and ``whole_word_masking`` go to the manifest as the loader's defaults.
+    A chunk (one shard per split) is ``docs_per_shard`` documents or ``chunk_bytes`` of text,
+    whichever comes first. ``overwrite`` replaces an earlier output made with other settings.
+    Raises ``DataError``/``ConfigError`` for user mistakes.
     """
+    inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    cfg = PrepareConfig(
+        input=[str(p) for p in inputs], vocab=str(vocab), output=str(output),
+        max_seq_length=max_seq_length, max_predictions=max_predictions,
+        masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob, objective=objective,
+        whole_word_masking=whole_word_masking, dupe_factor=dupe_factor,
+        validation_fraction=validation_fraction, workers=workers, seed=seed, format=fmt,
+        input_format=input_format, text_field=text_field, docs_per_shard=docs_per_shard,
+        chunk_bytes=chunk_bytes, length_bin_width=length_bin_width, overwrite=overwrite)
+    return prepare_data(cfg, progress=progress)
+
+
+@dataclass
+class _Sources:
+    """The read stage's result: the input files, their size and the tokenizer."""
+
+    files: list[Path]
+    input_bytes: int
+    tokenizer: Any
+
+
+@dataclass
+class _Shards:
+    """The shard stage's result: one entry per chunk, in input order, and what was skipped."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)
+    resumed: int = 0
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+@raise_on_stop()
+def prepare_data(cfg: PrepareConfig, *, progress: bool = True) -> PrepareReport:
+    """``bertforge prepare`` with validated settings: read the inputs, record the settings and
+    claim the output, write the shards (segment, tokenize, split and build instances per chunk,
+    in ``prepare_worker``), then the manifest."""
     started = time.perf_counter()
-    _check_args(locals())
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    sources = _open_inputs(cfg)
+    settings = _settings(cfg, sources)
+    fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    output = Path(cfg.output)
+    _claim_output(output, settings, fingerprint, cfg.overwrite)
+    sources.tokenizer.save(output / TOKENIZER_DIR)
+    estimate = _estimate_bytes(sources.input_bytes, settings)
+    say(f"prepare: {len(sources.files)} input file(s), {_human(sources.input_bytes)}; estimated "
+        f"output ~{_human(estimate)} ({cfg.format}) in {output}")
+    shards = _write_shards(cfg, sources, settings, progress=progress, say=say)
+    manifest = _write_manifest(cfg, settings, fingerprint, shards)
+    return PrepareReport(
+        output=output, fmt=cfg.format, objective=cfg.objective, totals=manifest["counts"],
+        splits={s: {k: manifest["splits"][s][k] for k in ("documents", "instances", "tokens")}
+                for s in _splits(cfg)},
+        chunks=len(shards.results), resumed_chunks=shards.resumed,
+        input_bytes=sources.input_bytes, estimated_bytes=estimate,
+        output_bytes=sum(p.stat().st_size for p in output.rglob("*") if p.is_file()),
+        seconds=time.perf_counter() - started, skipped_inputs=shards.skipped,
+        warnings=shards.warnings)
+
+
+def _splits(cfg: PrepareConfig) -> list[str]:
+    return ["train", "validation"] if cfg.validation_fraction > 0 else ["train"]
+
+
+def _open_inputs(cfg: PrepareConfig) -> _Sources:
+    """Stage 1, read: the input files (expanded, checked to exist) and the tokenizer."""
     from bertforge.data.corpus import expand_inputs
 
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
-    inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    files = expand_inputs([str(p) for p in inputs])
-    tokenizer = load_tokenizer(vocab)
-    output = Path(output)
-    input_bytes = sum(f.stat().st_size for f in files)
-    splits = ["train", "validation"] if validation_fraction > 0 else ["train"]
+    files = expand_inputs(list(cfg.input))
+    tokenizer = load_tokenizer(cfg.vocab)
+    return _Sources(files, sum(f.stat().st_size for f in files), tokenizer)
+
+
+def _settings(cfg: PrepareConfig, sources: _Sources) -> dict[str, Any]:
+    """Everything the output depends on (its fingerprint decides whether a re-run resumes)."""
+    tokenizer, fmt = sources.tokenizer, cfg.format
     vocab_size = int(tokenizer.vocab_size)
-    settings = {
+    return {
         "format": native.FORMAT_NAME if fmt == "native" else native.HDF5_DIR_FORMAT,
         "format_version": native.FORMAT_VERSION,
         "output_format": fmt, "vocab_hash": tokenizer.vocab_hash, "vocab_size": vocab_size,
         "do_lower_case": bool(tokenizer.do_lower_case), "special_ids": _special_ids(tokenizer),
-        "max_seq_length": max_seq_length, "objective": objective, "short_seq_prob": short_seq_prob,
-        "masked_lm_prob": masked_lm_prob, "max_predictions": max_predictions,
-        "whole_word_masking": bool(whole_word_masking),
-        "dupe_factor": dupe_factor if fmt == "hdf5" else 1,
-        "validation_fraction": validation_fraction, "seed": seed, "input_format": input_format,
-        "text_field": text_field, "docs_per_shard": docs_per_shard, "chunk_bytes": chunk_bytes,
-        "length_bin_width": length_bin_width,
+        "max_seq_length": cfg.max_seq_length, "objective": cfg.objective,
+        "short_seq_prob": cfg.short_seq_prob, "masked_lm_prob": cfg.masked_lm_prob,
+        "max_predictions": cfg.max_predictions,
+        "whole_word_masking": bool(cfg.whole_word_masking),
+        "dupe_factor": cfg.dupe_factor if fmt == "hdf5" else 1,
+        "validation_fraction": cfg.validation_fraction, "seed": cfg.seed,
+        "input_format": cfg.input_format, "text_field": cfg.text_field,
+        "docs_per_shard": cfg.docs_per_shard, "chunk_bytes": cfg.chunk_bytes,
+        "length_bin_width": cfg.length_bin_width,
         "token_dtype": native_writer.token_dtype(vocab_size).str,
-        "inputs": [[str(f.resolve()), f.stat().st_size] for f in files],
+        "inputs": [[str(f.resolve()), f.stat().st_size] for f in sources.files],
     }
-    fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-    _claim_output(output, settings, fingerprint, overwrite)
-    tokenizer.save(output / TOKENIZER_DIR)
 
-    estimate = _estimate_bytes(input_bytes, settings)
-    say(f"prepare: {len(files)} input file(s), {_human(input_bytes)}; estimated output "
-        f"~{_human(estimate)} ({fmt}) in {output}")
-    job = {**settings, "vocab_path": str(vocab), "splits": splits, "root": str(output)}
-    warnings: list[str] = []
-    skipped: list[str] = []
-    results: list[dict[str, Any]] = []
-    resumed = 0
-    bar = _progress_bar(input_bytes, progress)
-    pool = _pool(workers, job, tokenizer)
-    limit = 2 * workers if pool else 0  # chunks in flight: bounded so memory stays flat
+
+def _write_shards(cfg: PrepareConfig, sources: _Sources, settings: dict[str, Any], *,
+                  progress: bool, say: Any) -> _Shards:
+    """Stage 2, the chunks: each is segmented, tokenized, split, turned into instances and
+    written as shards by a worker (``prepare_worker.process_chunk``); a chunk an earlier run
+    finished is read back instead. Stopping keeps every finished shard."""
+    output, splits = Path(cfg.output), _splits(cfg)
+    job = {**settings, "vocab_path": str(cfg.vocab), "splits": splits, "root": str(output)}
+    shards = _Shards()
+    bar = _progress_bar(sources.input_bytes, progress)
+    pool = _pool(cfg.workers, job, sources.tokenizer)
     stop: BaseException | None = None  # the KeyboardInterrupt or Stopped that ends the run early
     try:
-        pending: list[tuple[Future | None, dict[str, Any]]] = []
-        for task in _chunks(files, input_format, text_field, docs_per_shard, chunk_bytes,
-                            warnings, skipped):
-            done = _finished_chunk(output, splits, task["index"], fmt)
-            if done is not None:
-                resumed += 1
-                task = {"index": task["index"], "bytes": task["bytes"], "splits": done}
-            pending.append((pool.submit(worker.process_chunk, task)
-                            if pool and done is None else None, task))
-            # Harvest in input order; finished (resumed) chunks at the front go straight through.
-            while pending and (len(pending) > limit or "splits" in pending[0][1]):
-                results.append(_harvest(*pending.pop(0), bar))
-        while pending:
-            results.append(_harvest(*pending.pop(0), bar))
+        _run_chunks(cfg, sources, pool, bar, shards)
     except (KeyboardInterrupt, Stopped) as e:
         stop = e
         raise
@@ -209,62 +217,56 @@ def prepare(
             native_writer.remove_temp_files(output, splits)
             why = str(stop) if isinstance(stop, Stopped) else "interrupted"
             say(f"prepare: {why}; finished shards are kept, run the same command to resume")
+    return shards
 
-    if not results:
-        raise DataError(f"no documents found in {', '.join(map(str, inputs))} (input format "
-                        f"{input_format!r}); check --input and --input-format"
-                        + "".join(f"; skipped {s}" for s in skipped[:5]))
-    shard_names = {r["index"]: {s: worker.shard_name(s, r["index"], fmt) for s in splits}
-                   for r in results}
-    manifest = native_writer.build_manifest(settings, fingerprint, results, shard_names,
+
+def _run_chunks(cfg: PrepareConfig, sources: _Sources, pool: ProcessPoolExecutor | None,
+                bar: Any, shards: _Shards) -> None:
+    """Submit the chunks in input order and harvest them in the same order, with at most
+    2 x workers in flight so memory stays flat."""
+    output, splits = Path(cfg.output), _splits(cfg)
+    limit = 2 * cfg.workers if pool else 0
+    pending: list[tuple[Future | None, dict[str, Any]]] = []
+    for task in _chunks(sources.files, cfg.input_format, cfg.text_field, cfg.docs_per_shard,
+                        cfg.chunk_bytes, shards.warnings, shards.skipped):
+        done = _finished_chunk(output, splits, task["index"], cfg.format)
+        if done is not None:
+            shards.resumed += 1
+            task = {"index": task["index"], "bytes": task["bytes"], "splits": done}
+        pending.append((pool.submit(worker.process_chunk, task)
+                        if pool and done is None else None, task))
+        # Harvest in input order; finished (resumed) chunks at the front go straight through.
+        while pending and (len(pending) > limit or "splits" in pending[0][1]):
+            shards.results.append(_harvest(*pending.pop(0), bar))
+    while pending:
+        shards.results.append(_harvest(*pending.pop(0), bar))
+
+
+def _write_manifest(cfg: PrepareConfig, settings: dict[str, Any], fingerprint: str,
+                    shards: _Shards) -> dict[str, Any]:
+    """Stage 3: the manifest, written last (its presence marks a finished output)."""
+    inputs = ", ".join(cfg.input)
+    if not shards.results:
+        raise DataError(f"no documents found in {inputs} (input format {cfg.input_format!r}); "
+                        "check --input and --input-format"
+                        + "".join(f"; skipped {s}" for s in shards.skipped[:5]))
+    shard_names = {r["index"]: {s: worker.shard_name(s, r["index"], cfg.format)
+                                for s in _splits(cfg)} for r in shards.results}
+    manifest = native_writer.build_manifest(settings, fingerprint, shards.results, shard_names,
                                             TOKENIZER_DIR)
     totals = manifest["counts"]
     if totals["instances"] == 0:
         raise DataError(
-            f"{totals['documents']} document(s) read from {', '.join(map(str, inputs))} but no "
-            "instance could be built: documents need at least two tokens of text (check "
-            "--input-format; with 'sentences' a blank line ends a document)")
-    native_writer.write_manifest(output, manifest)
-    return PrepareReport(
-        output=output, fmt=fmt, objective=objective, totals=totals,
-        splits={s: {k: manifest["splits"][s][k] for k in ("documents", "instances", "tokens")}
-                for s in splits},
-        chunks=len(results), resumed_chunks=resumed, input_bytes=input_bytes,
-        estimated_bytes=estimate,
-        output_bytes=sum(p.stat().st_size for p in output.rglob("*") if p.is_file()),
-        seconds=time.perf_counter() - started, skipped_inputs=skipped, warnings=warnings)
+            f"{totals['documents']} document(s) read from {inputs} but no instance could be "
+            "built: documents need at least two tokens of text (check --input-format; with "
+            "'sentences' a blank line ends a document)")
+    native_writer.write_manifest(Path(cfg.output), manifest)
+    return manifest
 
 
 def _special_ids(tok: Any) -> dict[str, int]:
     # BertTokenizer refuses a vocabulary without all five, so every id exists here.
     return {name: int(getattr(tok, f"{name}_id")) for name in ("pad", "unk", "cls", "sep", "mask")}
-
-
-def _check_args(a: dict[str, Any]) -> None:
-    """Reject impossible settings before any work, naming the flag."""
-    from bertforge.data.corpus import FORMATS
-
-    check_instance_settings(a["max_seq_length"], a["short_seq_prob"], a["objective"])
-    checks = [
-        ("--input-format", a["input_format"] in FORMATS, f"must be one of {', '.join(FORMATS)}"),
-        ("--format", a["fmt"] in ("native", "hdf5"), "must be native or hdf5"),
-        ("--format", not (a["fmt"] == "hdf5" and a["objective"] == "denoise"),
-         "hdf5 stores static BERT masks and cannot hold --objective denoise data; use --format "
-         "native"),
-        ("--workers", isinstance(a["workers"], int) and a["workers"] >= 1, "must be >= 1"),
-        ("--dupe-factor", isinstance(a["dupe_factor"], int) and a["dupe_factor"] >= 1, "must be >= 1"),
-        ("--validation-fraction", a["validation_fraction"] in limits.FRACTION,
-         f"must be a finite number {limits.FRACTION}"),
-        ("--masked-lm-prob", a["masked_lm_prob"] in limits.MASKED_LM_PROB,
-         f"must be a finite number {limits.MASKED_LM_PROB}"),
-        ("--max-predictions", a["max_predictions"] >= 1, "must be >= 1"),
-        ("docs_per_shard", a["docs_per_shard"] >= 1, "must be >= 1"),
-        ("chunk_bytes", a["chunk_bytes"] >= 1, "must be >= 1"),
-        ("length_bin_width", a["length_bin_width"] >= 1, "must be >= 1"),
-    ]
-    for name, ok, what in checks:
-        if not ok:
-            raise ConfigError(f"{name}: {what}")
 
 
 def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: bool) -> None:
@@ -385,22 +387,6 @@ def _harvest(fut: Future | None, task: dict[str, Any], bar: Any) -> dict[str, An
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def _estimate_bytes(input_bytes: int, settings: dict) -> int:
-    tokens = input_bytes / BYTES_PER_TOKEN
-    instances = tokens / (0.9 * settings["max_seq_length"])
-    if settings["output_format"] == "native":
-        itemsize = np.dtype(settings["token_dtype"]).itemsize
-        size = tokens * itemsize + instances * 11  # + offsets (8), a_length (2), label (1)
-        if settings["objective"] == "denoise":
-            # sentence_offsets (8 per instance) and one int16 end per sentence
-            size += instances * 8 + 2 * tokens / TOKENS_PER_SENTENCE
-        return int(size)
-    # Static masks, before gzip: int32 ids + int8 mask and segments [S], int32 positions and
-    # ids [P], one label; per instance pass.
-    per_instance = 6 * settings["max_seq_length"] + 8 * settings["max_predictions"] + 1
-    return int(instances * per_instance * settings["dupe_factor"])
-
-
 def _progress_bar(total: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
@@ -408,11 +394,3 @@ def _progress_bar(total: int, enabled: bool) -> Any:
                disable=not enabled, smoothing=0.1, dynamic_ncols=True)
     bar.seen = {}  # running totals shown after the byte rate
     return bar
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from bertforge.data.batch import IGNORE_INDEX
-from bertforge.models.unpad import layout_batch_entries
+from bertforge.ops.unpad import layout_batch_entries
 
 
 def pad_rows(rows: Sequence[Sequence[int] | np.ndarray], pad_id: int,
@@ -33,7 +33,7 @@ def collate_seq2seq(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray]
                     decoder_start_id: int, pad_to_multiple_of: int = 8) -> dict[str, torch.Tensor]:
     """Pad pairs into a batch: ``input_ids``/``attention_mask`` (B, S), ``decoder_input_ids`` and
     ``labels`` (B, T, IGNORE_INDEX at padding); both widths rounded up to the multiple. Also the
-    source's ``TokenLayout`` entries (``bertforge.models.unpad.LAYOUT_KEYS``) for an unpadded
+    source's ``TokenLayout`` entries (``bertforge.ops.unpad.LAYOUT_KEYS``) for an unpadded
     encoder."""
     if len(sources) != len(targets) or not sources:
         raise ValueError(f"need as many sources as targets (at least one), got {len(sources)} "

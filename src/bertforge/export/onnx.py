@@ -213,29 +213,23 @@ def export_onnx(model_dir: str | os.PathLike[str], output_dir: str | os.PathLike
         DataError: an unreadable sample or tokenizer.
         RunError: the exported graph disagrees with PyTorch beyond ``atol`` (numbers given).
     """
-    from bertforge.models.heads import MODEL_CLASSES
+    from bertforge.models.loading import load_model
     from bertforge.tokenization import BertTokenizer, load_tokenizer
 
     model_dir, output = Path(model_dir), Path(output_dir)
-    if quantize not in (None, "int8"):
-        raise ConfigError(f"--quantize {quantize!r} is not supported; use int8 or leave it out")
-    if opset < 14:
-        raise ConfigError(f"--opset {opset} is too old; scaled-dot-product attention needs 14 or later")
-    if exporter not in EXPORTERS:
-        raise ConfigError(f"exporter {exporter!r} is not one of {', '.join(EXPORTERS)}")
-    if not atol > 0:
-        raise ConfigError(f"atol must be > 0, got {atol}")
-    spec, config = resolve_head(model_dir)
+    _check_arguments(quantize, opset, exporter, atol)
+    spec, source = resolve_head(model_dir)
+    config = source.config
     _check_output(output)
     tokenizer = load_tokenizer(model_dir)
     if not isinstance(tokenizer, BertTokenizer):
         raise ConfigError(f"--model {model_dir} has a BPE tokenizer; BERT exports need WordPiece")
     encoded: EncodedSample | None = None
     if sample is not None:
-        rows = read_sample(sample, needs_pairs=spec.architecture == "BertForQuestionAnswering")
-        encoded = encode_sample(rows, tokenizer, config, spec.architecture == "BertForQuestionAnswering")
+        qa = spec.task.name == "question-answering"
+        encoded = encode_sample(read_sample(sample, needs_pairs=qa), tokenizer, config, qa)
 
-    model = MODEL_CLASSES[spec.architecture].from_pretrained(model_dir)
+    model = load_model(source, spec.head)  # verified: every weight present, finite
     wrapper = _TupleOutputs(model, spec.outputs).eval()
     batches = synthetic_batches(config, tokenizer.pad_id)
     if encoded is not None:
@@ -290,6 +284,18 @@ def export_onnx(model_dir: str | os.PathLike[str], output_dir: str | os.PathLike
         shutil.rmtree(work, ignore_errors=True)
         raise
     return report
+
+
+def _check_arguments(quantize: str | None, opset: int, exporter: str, atol: float) -> None:
+    """ConfigError naming the first export setting that cannot work."""
+    if quantize not in (None, "int8"):
+        raise ConfigError(f"--quantize {quantize!r} is not supported; use int8 or leave it out")
+    if opset < 14:
+        raise ConfigError(f"--opset {opset} is too old; scaled-dot-product attention needs 14 or later")
+    if exporter not in EXPORTERS:
+        raise ConfigError(f"exporter {exporter!r} is not one of {', '.join(EXPORTERS)}")
+    if not atol > 0:
+        raise ConfigError(f"atol must be > 0, got {atol}")
 
 
 def _stack(batches: list[Batch]) -> Batch:

@@ -146,7 +146,8 @@ class OnnxModel:
             raise ConfigError(f"--model {path}: {file.name} not found in {directory}{hint}; give "
                               "a directory written by `bertforge export onnx`")
         self.spec: HeadSpec
-        self.spec, self.config = resolve_head(directory)
+        self.spec, source = resolve_head(directory)
+        self.config = source.config
         self.directory = directory
         self.path = file
         self.session = ort_session(file, providers=wanted, threads=threads)
@@ -185,7 +186,7 @@ class OnnxModel:
         results = self.session.run(list(self.spec.outputs), {n: feeds[n] for n in INPUT_NAMES})
         fields = {name: torch.from_numpy(value) for name, value in zip(self.spec.outputs, results)}
         if masked_positions is not None:
-            if self.spec.architecture != "BertForMaskedLM":
+            if self.spec.head != "masked-lm":
                 raise ValueError("masked_positions applies to BertForMaskedLM exports only")
             fields["logits"] = fields["logits"][masked_positions.cpu()]
         return self.spec.output_type(**fields)

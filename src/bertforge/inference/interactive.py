@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence, TextIO
 
 from bertforge.errors import DataError, UserError
+from bertforge.tasks.registry import predict_modes
 
-MODES = {"qa": "question-answering", "classify": "text-classification",
-         "tag": "token-classification", "fill-mask": "fill-mask", "summarize": "summarization",
-         "embed": "feature-extraction"}
+MODES = predict_modes()
+"""``bertforge predict`` mode -> task (the task registry's ``predict_mode`` of each task)."""
 PIPE_BATCH = 32  # stdin lines answered per batch when stdin is not a terminal
 
 

@@ -16,24 +16,24 @@ from typing import Sequence
 
 from bertforge.config import FinetuneConfig, load_config
 from bertforge.errors import ConfigError
-from bertforge.models.auto import load_config as load_model_config
+from bertforge.models.loading import open_model
+from bertforge.tasks.registry import task_names, task_of_finetuned
 
 
 def task_overrides(model: Path) -> list[str]:
-    """Config overrides that select the task a model was fine-tuned for."""
+    """Config overrides that select the task a model was fine-tuned for (config.json's
+    ``finetuning_task``, as the task registry reads it)."""
     if not (model / "config.json").is_file():
         raise ConfigError(f"--model {model} is not a model directory (no config.json)")
-    task = load_model_config(model).finetuning_task
-    if task in ("squad", "squad_v2"):
-        return ["--task=squad"]
-    if task and task.startswith("glue/"):
-        return ["--task=glue", f"--data.task_name={task.split('/', 1)[1]}"]
-    if task in ("classification", "swag", "token-classification", "summarization"):
-        return [f"--task={task}"]
-    raise ConfigError(f"{model}/config.json does not say which task the model was fine-tuned "
-                      f"for (finetuning_task={task!r}); fine-tune it with `bertforge finetune`, "
-                      "or pass --task=squad|glue|classification|swag|token-classification|"
-                      "summarization")
+    tuned = open_model(model, "--model").config.finetuning_task
+    spec = task_of_finetuned(tuned)
+    if spec is None or spec.trainer is None:
+        raise ConfigError(f"{model}/config.json does not say which task the model was fine-tuned "
+                          f"for (finetuning_task={tuned!r}); fine-tune it with `bertforge "
+                          f"finetune`, or pass --task={'|'.join(task_names('finetune'))}")
+    if tuned.startswith("glue/"):
+        return ["--task=glue", f"--data.task_name={tuned.split('/', 1)[1]}"]
+    return [f"--task={spec.name}"]
 
 
 def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str] = ()) -> Path:

@@ -1,8 +1,8 @@
 """Self-attention and the residual "output" blocks of a BERT layer.
 
-Attention goes through ``torch.nn.functional.scaled_dot_product_attention`` so PyTorch picks the
-fastest kernel for the device (flash / memory-efficient / math); on unpadded tokens through
-``bertforge.models.unpad.varlen_attention``. Module and parameter names follow
+Attention goes through ``bertforge.ops.attention.attend``: SDPA over padded rows (PyTorch picks
+the fastest kernel for the device: flash / memory-efficient / math), a variable-length kernel
+over unpadded tokens; the layer code is the same for both. Module and parameter names follow
 Hugging Face BERT (``attention.self.query``, ``attention.output.dense``, ``attention.output.LayerNorm``)
 so that the state dict is the Hugging Face checkpoint without renaming.
 """
@@ -10,35 +10,10 @@ so that the state dict is the Hugging Face checkpoint without renaming.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bertforge.models.config import BertConfig
-from bertforge.models.unpad import TokenLayout, varlen_self_attention
-
-Attend = torch.Tensor | TokenLayout | None
-"""What a layer attends with: a (B, 1, 1 or S, S) bool keep mask or None over (B, S, H) states,
-or the ``TokenLayout`` of unpadded (T, H) states."""
-
-
-def attention_keep_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """Turn a [B, S] padding mask (1 = real token) into the boolean mask SDPA takes, or None.
-
-    Returns None when there is nothing to mask so SDPA may use its fused kernels (flash attention
-    accepts no mask). Deciding that needs one device->host sync per forward pass; callers that know
-    their batch is unpadded avoid it by passing ``attention_mask=None``.
-
-    The result is [B, 1, 1, S] (broadcast over heads and query positions), True = may attend.
-    A sequence whose mask is all zeros would give NaN (softmax over nothing), so such a sequence
-    attends to every position instead; its outputs are meaningless either way but stay finite.
-    """
-    if attention_mask is None:
-        return None
-    keep = attention_mask.bool()
-    if bool(keep.all()):
-        return None
-    keep = keep | ~keep.any(dim=-1, keepdim=True)
-    return keep[:, None, None, :]
+from bertforge.ops.attention import Attend, attend
 
 
 class BertSelfAttention(nn.Module):
@@ -53,23 +28,17 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.varlen_backend = "auto"
-        """Kernel for unpadded tokens (``bertforge.models.unpad.BACKENDS``)."""
+        """Kernel for unpadded tokens (``bertforge.ops.attention.BACKENDS``); set from outside
+        (``bertforge.train.parallelize``)."""
 
-    def forward(self, hidden: torch.Tensor, keep_mask: Attend) -> torch.Tensor:
-        """hidden: (B, S, H); keep_mask: (B, 1, 1 or S, S) bool or None -> context (B, S, H).
-        Unpadded: hidden (T, H) with its ``TokenLayout`` -> (T, H)."""
+    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
+        """hidden (B, S, H) with a (B, 1, 1 or S, S) bool keep mask or None, or unpadded (T, H)
+        with its ``TokenLayout`` -> context, the shape of hidden."""
         dropout_p = self.dropout_p if self.training else 0.0
-        if isinstance(keep_mask, TokenLayout):
-            return varlen_self_attention(hidden, (self.query, self.key, self.value),
-                                         self.num_heads, keep_mask, dropout_p, self.varlen_backend)
-        b, s, h = hidden.shape
-        # (B, S, H) -> (B, heads, S, head_dim)
-        q = self.query(hidden).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.key(hidden).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        v = self.value(hidden).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep_mask, dropout_p=dropout_p)
-        # (B, heads, S, head_dim) -> (B, S, H)
-        return context.transpose(1, 2).reshape(b, s, h)
+        # (..., H) -> (..., heads, head_dim)
+        q, k, v = (proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))
+                   for proj in (self.query, self.key, self.value))
+        return attend(q, k, v, where, dropout_p, self.varlen_backend).flatten(-2)
 
 
 class BertResidualOutput(nn.Module):
@@ -113,7 +82,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden: torch.Tensor, keep_mask: Attend) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
         """(B, S, H) -> (B, S, H), or unpadded (T, H) -> (T, H)."""
-        context = self.self(self.output.normalize_input(hidden), keep_mask)
+        context = self.self(self.output.normalize_input(hidden), where)
         return self.output(context, hidden)

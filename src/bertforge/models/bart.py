@@ -13,7 +13,9 @@ worth knowing when reading it:
   adds a final ``layer_norm`` to each stack (mBART);
 * the LM head adds ``final_logits_bias``, a buffer transformers keeps at zero.
 
-Attention runs through ``scaled_dot_product_attention``. Generation uses ``encode``,
+The encoder's self-attention runs through ``bertforge.ops.attention.attend`` (padded rows or,
+unpadded, a variable-length kernel: the same layer code), the decoder's through
+``scaled_dot_product_attention`` (causal, with a key/value cache). Generation uses ``encode``,
 ``decode_step`` and ``reorder_cache`` with a ``KVCache`` (see ``bertforge.models.generation``).
 """
 
@@ -29,10 +31,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertforge.errors import DataError
-from bertforge.models.attention import Attend, attention_keep_mask
-from bertforge.models.unpad import TokenLayout, token_layout, varlen_self_attention
 from bertforge.models.bart_config import BartConfig
 from bertforge.models.hub import PreTrainedModel
+from bertforge.ops.attention import Attend, attend
+from bertforge.ops.unpad import Layout, TokenLayout, batch_layout, padding_keep_mask
 
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 (a fairseq legacy kept by all ports)
 
@@ -111,7 +113,8 @@ class BartAttention(nn.Module):
         self.q_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.varlen_backend = "auto"
-        """Kernel for unpadded tokens (``bertforge.models.unpad.BACKENDS``)."""
+        """Kernel for unpadded tokens (``bertforge.ops.attention.BACKENDS``); set from outside
+        (``bertforge.train.parallelize``)."""
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape  # (B, T, D) -> (B, heads, T, head_dim)
@@ -132,13 +135,15 @@ class BartAttention(nn.Module):
             dropout_p=self.dropout_p if self.training else 0.0)
         return self.out_proj(context.transpose(1, 2).reshape(b, t, d))
 
-    def unpadded(self, hidden: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-        """Bidirectional self-attention over unpadded tokens: (T, D) -> (T, D)."""
-        context = varlen_self_attention(hidden, (self.q_proj, self.k_proj, self.v_proj),
-                                        self.num_heads, layout,
-                                        self.dropout_p if self.training else 0.0,
-                                        self.varlen_backend)
-        return self.out_proj(context)
+    def self_attend(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
+        """Bidirectional self-attention (the encoder's): hidden (B, S, D) with a keep mask or
+        None, or unpadded (T, D) with its ``TokenLayout`` -> the shape of hidden."""
+        # (..., D) -> (..., heads, head_dim)
+        q, k, v = (proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        context = attend(q, k, v, where, self.dropout_p if self.training else 0.0,
+                         self.varlen_backend)
+        return self.out_proj(context.flatten(-2))
 
 
 class _Block(nn.Module):
@@ -173,15 +178,11 @@ class BartEncoderLayer(_Block):
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation_dropout(self.act(self.fc1(x))))
 
-    def forward(self, hidden: torch.Tensor, keep: Attend) -> torch.Tensor:
-        """(B, S, D), keep (B, 1, 1, S) bool or None -> (B, S, D); or unpadded (T, D) with its
+    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
+        """(B, S, D), where (B, 1, 1, S) bool or None -> (B, S, D); or unpadded (T, D) with its
         ``TokenLayout`` -> (T, D)."""
-        def attend(x: torch.Tensor) -> torch.Tensor:
-            if isinstance(keep, TokenLayout):
-                return self.self_attn.unpadded(x, keep)
-            return self.self_attn(x, *self.self_attn.project_kv(x), keep)
-
-        hidden = self.residual(hidden, self.self_attn_layer_norm, attend)
+        hidden = self.residual(hidden, self.self_attn_layer_norm,
+                               lambda x: self.self_attn.self_attend(x, where))
         return self.residual(hidden, self.final_layer_norm, self.feed_forward)
 
 
@@ -266,16 +267,13 @@ class _Stack(nn.Module):
         """Recompute each layer's activations in backward instead of storing them (training)."""
 
     def embed(self, input_ids: torch.Tensor, start: int = 0,
-              layout: TokenLayout | None = None) -> torch.Tensor:
-        """(B, T) ids at positions start.. -> (B, T, D) normalised embeddings (after dropout);
-        with ``layout``, the batch's real tokens only: (N,) -> (N, D)."""
-        if layout is None:
-            positions = self.embed_positions(input_ids.shape[1], start)
+              positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Ids (B, T) at positions start.. -> (B, T, D) normalised embeddings (after dropout);
+        or ids (N,) of unpadded tokens at their ``positions`` (N,) -> (N, D)."""
+        if positions is None:
+            positions = self.embed_positions(input_ids.shape[-1], start)  # (T, D), broadcast
         else:
-            self.embed_positions.check(layout.shape[1])
-            positions = self.embed_positions.weight.index_select(
-                0, layout.positions + POSITION_OFFSET)
-            input_ids = layout.unpad(input_ids)
+            positions = self.embed_positions.weight.index_select(0, positions + POSITION_OFFSET)
         tokens = self.embed_tokens(input_ids)
         if self.embed_scale != 1.0:
             tokens = tokens * self.embed_scale
@@ -297,24 +295,21 @@ class BartEncoder(_Stack):
         super().__init__(config, shared,
                          nn.ModuleList(BartEncoderLayer(config) for _ in range(config.encoder_layers)))
         self.unpad = False
-        """Run the layers on the real tokens only (``bertforge.models.unpad``); the output is
-        re-padded for the decoder, with zeros at padding."""
+        """Run the layers on the real tokens only (``bertforge.ops.unpad``); the output is
+        re-padded for the decoder, with zeros at padding. Set from outside
+        (``bertforge.train.parallelize``)."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 layout: TokenLayout | None = None) -> torch.Tensor:
         """(B, S) ids and padding mask (1 = real) -> (B, S, D). ``layout``: the source's
         ``TokenLayout`` when the loader computed it."""
-        if self.unpad and (layout is not None or attention_mask is not None):
-            layout = layout or token_layout(attention_mask)
-            hidden = self.embed(input_ids, layout=layout)
-            for layer in self.layers:
-                hidden = self.run_layer(layer, hidden, layout)
-            return layout.pad(self.finish(hidden))
-        hidden = self.embed(input_ids)
-        keep = attention_keep_mask(attention_mask)
+        # Padded rows or the real tokens only: the same code, the layout moves the states.
+        where: Layout = batch_layout(input_ids, attention_mask, layout=layout, unpad=self.unpad)
+        self.embed_positions.check(input_ids.shape[-1])
+        hidden = self.embed(where.enter(input_ids), positions=where.positions)  # (B, S, D)|(T, D)
         for layer in self.layers:
-            hidden = self.run_layer(layer, hidden, keep)
-        return self.finish(hidden)
+            hidden = self.run_layer(layer, hidden, where.attend)
+        return where.exit(self.finish(hidden))
 
 
 def decoder_self_mask(length: int, past: int, attention_mask: torch.Tensor | None,
@@ -359,7 +354,7 @@ class BartDecoder(_Stack):
         hidden = self.embed(input_ids, past)
         self_mask, causal = decoder_self_mask(input_ids.shape[1], past, attention_mask,
                                               input_ids.device)
-        cross_keep = attention_keep_mask(encoder_attention_mask)
+        cross_keep = padding_keep_mask(encoder_attention_mask)
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layers[i] if cache is not None else None
             if layer_cache is not None:  # the cache is mutated, so never recompute here

@@ -15,11 +15,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertforge.errors import DataError
-from bertforge.models.attention import (Attend, BertAttention, BertResidualOutput,
-                                        attention_keep_mask)
+from bertforge.models.attention import BertAttention, BertResidualOutput
 from bertforge.models.config import BertConfig
 from bertforge.models.hub import PreTrainedModel
-from bertforge.models.unpad import TokenLayout, packed_keep_mask, token_layout
+from bertforge.ops.attention import Attend
+from bertforge.ops.unpad import Layout, RowLayout, TokenLayout, batch_layout
 
 
 class BertPreTrainedModel(PreTrainedModel):
@@ -86,15 +86,18 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class BertModelOutput:
-    """Encoder outputs. An unpadded forward pass keeps its (T, H) token states (``unpadded``,
-    ``layout``) and pads them into ``last_hidden_state`` only if a caller asks for it."""
+    """Encoder outputs. The final states stay in the layout the pass ran in (``states``:
+    (B, S, H) padded rows, or the (T, H) real tokens of an unpadded pass, ``layout``) and are
+    padded into ``last_hidden_state`` only if a caller asks for it."""
 
     def __init__(self, last_hidden_state: torch.Tensor | None = None,
                  pooler_output: torch.Tensor | None = None, *,
-                 unpadded: torch.Tensor | None = None, layout: TokenLayout | None = None) -> None:
-        if (last_hidden_state is None) == (unpadded is None) or (unpadded is None) != (layout is None):
-            raise ValueError("BertModelOutput needs last_hidden_state, or unpadded with its layout")
-        self._padded, self.unpadded, self.layout = last_hidden_state, unpadded, layout
+                 states: torch.Tensor | None = None, layout: Layout | None = None) -> None:
+        if (last_hidden_state is None) == (states is None) or (states is None) != (layout is None):
+            raise ValueError("BertModelOutput needs last_hidden_state, or states with their layout")
+        if last_hidden_state is not None:
+            states, layout = last_hidden_state, RowLayout(None, tuple(last_hidden_state.shape[:2]))
+        self.states, self.layout, self._padded = states, layout, last_hidden_state
         self.pooler_output = pooler_output
         """(N, H) tanh(dense(hidden of each sequence's first token)), N = B unless rows are
         packed, or None for models built without a pooler."""
@@ -104,8 +107,7 @@ class BertModelOutput:
         """(B, S, H) final hidden states (after the final LayerNorm for pre-LN models); zeros at
         padding when the pass ran unpadded."""
         if self._padded is None:
-            assert self.layout is not None and self.unpadded is not None
-            self._padded = self.layout.pad(self.unpadded)
+            self._padded = self.layout.exit(self.states)
         return self._padded
 
     def select(self, masked_positions: torch.Tensor | None) -> torch.Tensor:
@@ -119,23 +121,17 @@ class BertModelOutput:
         """
         if masked_positions is None:
             return self.last_hidden_state
-        b, s = self.layout.shape if self.layout is not None else self._padded.shape[:2]
+        b, s = self.layout.shape
         if masked_positions.dtype == torch.bool:
             if masked_positions.shape != (b, s):
                 raise ValueError(f"masked_positions must be a bool tensor of shape {(b, s)} or "
                                  f"int64 flat positions, got bool {tuple(masked_positions.shape)}")
-            if self.layout is None:
-                return self._padded[masked_positions]
-            return self.unpadded[masked_positions.reshape(-1).index_select(0, self.layout.indices)]
+            return self.states[self.layout.enter(masked_positions)]
         if masked_positions.dim() != 1 or masked_positions.is_floating_point():
             raise ValueError("masked_positions must be a (B, S) bool mask or (N,) int64 flat "
                              f"positions, got {masked_positions.dtype} "
                              f"{tuple(masked_positions.shape)}")
-        if self.layout is None:
-            return self._padded.flatten(0, 1).index_select(0, masked_positions)
-        # flat position -> index among the real tokens (both ascending)
-        return self.unpadded.index_select(
-            0, torch.searchsorted(self.layout.indices, masked_positions))
+        return self.layout.gather(self.states, masked_positions)
 
 
 class BertEmbeddings(nn.Module):
@@ -259,8 +255,9 @@ class BertModel(BertPreTrainedModel):
         config: model shape.
         add_pooling_layer: build the pooler (task models that never use it omit it, like transformers).
 
-    ``unpad`` (off by default; ``set_unpadding``) runs the layers on the real tokens only
-    (``bertforge.models.unpad``): the same outputs at real tokens, no work on padding.
+    ``unpad`` (off by default; set from outside, ``bertforge.train.parallelize``) runs the
+    layers on the real tokens only (``bertforge.ops.unpad``): the same outputs at real tokens,
+    no work on padding.
     """
 
     base_model_prefix = ""
@@ -288,27 +285,11 @@ class BertModel(BertPreTrainedModel):
         position 0 and attending only to itself. ``layout`` is the batch's ``TokenLayout`` when
         the loader computed it (saves the model from finding it, and the syncs that costs).
         """
-        packed = position_ids is not None
-        # Without padding and packing there is nothing to remove: the padded path does the work.
-        if layout is None and (packed or (self.unpad and attention_mask is not None)):
-            mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-            layout = token_layout(mask, position_ids)
-        if self.unpad and layout is not None:
-            self.embeddings.check_length(layout.shape[1])
-            types = None if token_type_ids is None else layout.unpad(token_type_ids)
-            hidden = self.embeddings(layout.unpad(input_ids), types, layout.positions)  # (T, H)
-            hidden = self.encoder(hidden, layout)
-            first = hidden.index_select(0, layout.starts())
-            pooled = self.pooler(first) if self.pooler is not None else None
-            return BertModelOutput(pooler_output=pooled, unpadded=hidden, layout=layout)
-        hidden = self.embeddings(input_ids, token_type_ids, position_ids)
-        if packed:
-            assert layout is not None
-            hidden = self.encoder(hidden, packed_keep_mask(layout))
-            starts = layout.indices.index_select(0, layout.starts())  # flat positions
-            first = hidden.flatten(0, 1).index_select(0, starts)
-        else:
-            hidden = self.encoder(hidden, attention_keep_mask(attention_mask))
-            first = hidden[:, 0]
-        pooled = self.pooler(first) if self.pooler is not None else None
-        return BertModelOutput(last_hidden_state=hidden, pooler_output=pooled)
+        # Padded rows or the real tokens only: the same code, the layout moves the states.
+        where = batch_layout(input_ids, attention_mask, position_ids, layout, unpad=self.unpad)
+        self.embeddings.check_length(input_ids.shape[-1])
+        hidden = self.embeddings(where.enter(input_ids), where.enter(token_type_ids),
+                                 where.positions)                 # (B, S, H) or (T, H)
+        hidden = self.encoder(hidden, where.attend)
+        pooled = self.pooler(where.first_tokens(hidden)) if self.pooler is not None else None
+        return BertModelOutput(pooler_output=pooled, states=hidden, layout=where)

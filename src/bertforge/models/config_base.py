@@ -31,6 +31,24 @@ DERIVED_KEYS = ("bertforge_version", "bertforge_only", "label2id", "dtype", "tor
 C = TypeVar("C", bound="ModelConfig")
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The parsed config.json at ``path``; ConfigError naming the file when it cannot be read
+    or is not a JSON object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read model config {path}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object of config fields, got "
+                          f"{type(data).__name__}")
+    return data
+
+
 class ModelConfig:
     """Mixin of the family config dataclasses (see the module docstring)."""
 
@@ -166,19 +184,7 @@ class ModelConfig:
     @classmethod
     def from_json_file(cls: type[C], path: str | os.PathLike[str]) -> C:
         """Read a config.json (ours or transformers')."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read model config {path}: {exc.strerror or exc}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a JSON object of config fields, got "
-                              f"{type(data).__name__}")
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_config_file(Path(path)), source=str(path))
 
     @classmethod
     def from_preset(cls: type[C], name: str, **overrides: Any) -> C:

@@ -14,7 +14,7 @@ from torch import nn
 
 from bertforge.models.bert import BertModel, BertPreTrainedModel, activation
 from bertforge.models.config import BertConfig
-from bertforge.models.unpad import TokenLayout
+from bertforge.ops.unpad import TokenLayout
 
 
 @dataclass

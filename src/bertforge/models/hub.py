@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import CheckpointError
+from bertforge.models.checks import nonfinite_summary
 from bertforge.core.io import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -96,26 +97,6 @@ class PreTrainedModel(nn.Module):
                     module.weight.fill_(1.0)
                     module.bias.zero_()
 
-    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute layer activations in backward instead of storing them (every stack that
-        supports it: a module with a ``gradient_checkpointing`` flag)."""
-        for module in self.modules():
-            if hasattr(module, "gradient_checkpointing"):
-                module.gradient_checkpointing = enabled
-
-    def set_unpadding(self, enabled: bool = True, backend: str = "auto") -> None:
-        """Run encoders on their real tokens only (``bertforge.models.unpad``): every module with
-        an ``unpad`` flag, and ``backend`` (``unpad.BACKENDS``) for their attention kernels."""
-        from bertforge.models.unpad import BACKENDS
-
-        if backend not in BACKENDS:
-            raise ValueError(f"attention backend {backend!r} is not one of {', '.join(BACKENDS)}")
-        for module in self.modules():
-            if hasattr(module, "unpad"):
-                module.unpad = enabled
-            if hasattr(module, "varlen_backend"):
-                module.varlen_backend = backend
-
     def mismatch_hints(self, names: list[str]) -> list[str]:
         """Family-specific advice for a failed load that involves these weight names."""
         return []
@@ -123,21 +104,11 @@ class PreTrainedModel(nn.Module):
     def transformer_layers(self) -> list[nn.Module]:
         """The repeated transformer blocks, in order (BERT's encoder layers; BART's encoder then
         decoder layers): every entry of an ``nn.ModuleList`` named ``layer`` or ``layers``.
-        Parallelism applied from outside (FSDP) makes each one a unit."""
+        What is applied from outside (``bertforge.train.parallelize``: regional compilation,
+        FSDP) works per block."""
         return [block for name, module in self.named_modules()
                 if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layer", "layers")
                 for block in module]
-
-    def compile_layers(self, **options: Any) -> None:
-        """``torch.compile`` each transformer layer in place (regional compilation): one graph
-        serves every layer of a stack, so compiling costs seconds, not minutes, and the weights
-        keep their names. Compiled with dynamic shapes from the start: sizes that vary between
-        batches (unpadded token counts, batch widths) are symbols, and sizes fixed by the weights
-        (hidden, heads) are specialised by the first trace, so the first batch compiles once and
-        no later shape recompiles (torch's default, static first, would compile twice).
-        ``options`` go to ``torch.compile``."""
-        for block in self.transformer_layers():
-            block.compile(**{"dynamic": True, **options})
 
     # ------------------------------------------------------------------ state dicts
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -188,6 +159,12 @@ class PreTrainedModel(nn.Module):
         ]
         if missing or unexpected or wrong_shape:
             raise CheckpointError(self._mismatch_message(source, missing, unexpected, wrong_shape, own, tensors))
+        wrong_type = next((k for k, t in own.items() if k in tensors and t.is_floating_point()
+                           and not tensors[k].is_floating_point()), None)
+        if wrong_type is not None:
+            raise CheckpointError(f"{source}: weight {wrong_type} is {tensors[wrong_type].dtype}, "
+                                  "not a floating-point tensor; the file is damaged or holds no "
+                                  "model weights")
         vocab = self.config.vocab_size
         with torch.no_grad():
             for name, target in own.items():
@@ -275,6 +252,7 @@ class PreTrainedModel(nn.Module):
         ``config_overrides`` replace config.json fields (e.g. ``hidden_dropout_prob=0.0``,
         ``num_labels=3``); weights must still fit the resulting shapes, except heads when
         ``ignore_mismatched_heads`` (those start fresh, e.g. a 3-label classifier from a 2-label one).
+        Commands load through ``bertforge.models.loading``, which picks the class from the files.
         """
         path = Path(path)
         if not path.is_dir():
@@ -286,10 +264,25 @@ class PreTrainedModel(nn.Module):
         if config_overrides:
             config = config.replace(**config_overrides)
         model = cls(config)
-        weights, source = read_weights(path)
-        model.load_hf_state_dict(weights, source=source, ignore_mismatched_heads=ignore_mismatched_heads)
-        model.load_extras(path)
+        model.restore(path, new_heads=ignore_mismatched_heads)
         return model.eval()
+
+    def restore(self, directory: Path, *, new_heads: bool = False,
+                nonfinite_remedy: str = "use another model directory (e.g. an earlier "
+                                        "checkpoint)") -> LoadReport:
+        """Load a model directory's weights (and extras) into this model, verified: every body
+        weight present with its shape (``load_hf_state_dict``), floating weights where the model
+        has floating parameters, and every value finite. ``new_heads``: heads the files lack or
+        hold in another shape start fresh (fine-tuning) instead of being an error."""
+        weights, source = read_weights(directory)
+        report = self.load_hf_state_dict(weights, source=source,
+                                         ignore_mismatched_heads=new_heads)
+        problem = nonfinite_summary(self.named_parameters())
+        if problem:
+            raise CheckpointError(f"{source} holds {problem}; refusing to load it: "
+                                  f"{nonfinite_remedy}")
+        self.load_extras(directory)
+        return report
 
     def load_extras(self, directory: Path) -> None:
         """Family hook: read files besides config.json and the weights (e.g. generation

@@ -38,6 +38,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from bertforge.tasks.registry import get_task
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import InputError, Pipeline
 from bertforge.serve.batching import BatcherClosed, DynamicBatcher
@@ -46,7 +47,7 @@ from bertforge.serve.page import PAGE_HTML
 
 log = logging.getLogger("bertforge.serve")
 
-EMBEDDINGS_PATH = "/v1/embeddings"
+EMBEDDINGS_PATH = get_task("feature-extraction").serving.route
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -92,10 +93,10 @@ def _error(status: int, message: str, field: str | None = None,
 
 def create_app(pipeline: Pipeline, settings: ServeSettings, *,
                embeddings: Pipeline | None = None) -> FastAPI:
-    """The ASGI app serving ``pipeline`` at ``/v1/<its task>`` (``/v1/embeddings`` when it is a
-    feature-extraction pipeline), plus ``embeddings`` at ``/v1/embeddings`` when given."""
-    served = {(EMBEDDINGS_PATH if pipeline.task == "feature-extraction"
-               else f"/v1/{pipeline.task}"): pipeline}
+    """The ASGI app serving ``pipeline`` at its task's route (the task registry's: ``/v1/<task>``,
+    ``/v1/embeddings`` for feature extraction), plus ``embeddings`` at ``/v1/embeddings`` when
+    given."""
+    served = {get_task(pipeline.task).serving.route: pipeline}
     if embeddings is not None:
         if EMBEDDINGS_PATH in served:
             raise ValueError("embeddings given twice: the pipeline already extracts features")
@@ -151,7 +152,9 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
     @app.get("/health", summary="Readiness and the served model")
     async def health() -> dict:
         return {"status": "ok", "ready": True, "task": pipeline.task,
-                "endpoints": {path: {"task": served[path].task, "model": description[path]}
+                "endpoints": {path: {"task": served[path].task,
+                                     "form": get_task(served[path].task).serving.form,
+                                     "model": description[path]}
                               for path in served},
                 "limits": {"max_batch_tokens": settings.max_batch_tokens,
                            "max_batch_items": settings.max_batch_items,

@@ -1,8 +1,9 @@
 """The page at ``GET /``: a form to try the served model from a browser.
 
 Self-contained (inline CSS and script, no CDN or font downloads) so it works on an offline
-machine and behind strict networks. It asks ``/health`` which endpoints the server has, shows a
-question and a context box for question answering and a text box otherwise, and renders the
+machine and behind strict networks. It asks ``/health`` which endpoints the server has and each
+one's form (the task registry's: a question and a context box for question answering, a text box
+otherwise), shows it, and renders the
 result: the answer highlighted in its context (``<mark id="answer">``), the entities marked in the
 text, the label, the masks' candidates or the summary, with the raw JSON underneath.
 
@@ -69,10 +70,15 @@ function el(tag, text, attrs) {
   return node;
 }
 
+// The form of an endpoint's task comes from the server (/health, from the task registry).
+function questionForm(path) {
+  return (endpoints[path] || {}).form === "question-context";
+}
+
 function showFields() {
-  const task = (endpoints[$("endpoint").value] || {}).task;
-  $("qa-fields").hidden = task !== "question-answering";
-  $("text-fields").hidden = task === "question-answering";
+  const qa = questionForm($("endpoint").value);
+  $("qa-fields").hidden = !qa;
+  $("text-fields").hidden = qa;
 }
 
 // The text with [start, end) spans wrapped in <mark>; spans sorted and not overlapping.
@@ -127,7 +133,7 @@ async function send(event) {
   if (event) event.preventDefault();
   const path = $("endpoint").value;
   const task = (endpoints[path] || {}).task;
-  const item = task === "question-answering" ?
+  const item = questionForm(path) ?
     {question: $("question").value, context: $("context").value} : {text: $("text").value};
   const headers = {"Content-Type": "application/json"};
   if ($("key").value) headers["Authorization"] = "Bearer " + $("key").value;

@@ -8,6 +8,7 @@ classification are each one ``Task``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
@@ -32,6 +33,16 @@ class Task(Protocol):
     init_key: str          # the config key that starts a run from a checkpoint's weights only
     tokenizer: Any         # saved with every checkpoint (None: the data records no tokenizer)
     train: TrainStream
+    phase: int             # the training phase recorded in its checkpoints (meta.json)
+    supports_fsdp: bool
+    """Whether the task may train with its weights sharded over the ranks (``train.fsdp``):
+    its ``evaluate`` and ``finish`` work on every rank from a sharded model. False for a task
+    whose ``finish`` writes the model from rank 0 alone (fine-tuning)."""
+
+    def total_steps(self) -> int:
+        """Optimizer steps of the run, the schedule's length: ``train.max_steps``, or what the
+        task's config counts instead (fine-tuning: ``train.epochs`` passes over the data,
+        :func:`steps_for_epochs`)."""
 
     def build_model(self, resume_from: Path | None) -> nn.Module:
         """The model to train, on the task's device: the checkpoint being resumed (already
@@ -54,3 +65,9 @@ class Task(Protocol):
 
     def describe(self, last: dict, validation: dict) -> list[str]:
         """The task's lines of the end-of-run summary (its losses and metrics)."""
+
+
+def steps_for_epochs(epochs: float, train: TrainStream) -> int:
+    """Optimizer steps of ``epochs`` passes over ``train`` (at least one): ``total_steps`` of a
+    task whose config counts passes instead of steps."""
+    return max(1, math.ceil(epochs * train.batches_per_epoch))

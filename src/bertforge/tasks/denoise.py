@@ -3,34 +3,32 @@
 Data prepared with ``--objective denoise`` holds documents with their sentence boundaries; the
 noise (sentence permutation, text infilling, ...) is drawn at load time per sample from
 ``sample_rng(seed, epoch, index)`` like BERT's masks, so it is independent of workers and ranks
-and fresh every epoch. The model reconstructs the original document: cross-entropy over every
-target token. This file decides the model, its starting weights, the batches, loss and
-validation; the runner does the rest, as for BERT.
+and fresh every epoch (``bertforge.data.collate.seq2seq.DenoisingBatchMaker``). The model
+reconstructs the original document: cross-entropy over every target token. This file decides
+the model, the batches, the loss and what validation reports; starting weights and the
+validation pass are shared with BERT's pretraining (``bertforge.tasks.stream``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager
 
-import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput
 from bertforge.config import PretrainConfig
-from bertforge.data.masking import normalize_special_ids, sample_rng
-from bertforge.data.noising import NoiseSpec, NoiseVocab, noise
-from bertforge.data.seq2seq import collate_seq2seq, truncate_framed
+from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput
+from bertforge.data.collate.seq2seq import DenoisingBatchMaker
+from bertforge.data.masking import normalize_special_ids
+from bertforge.data.noising import NoiseVocab
 from bertforge.errors import ConfigError
-from bertforge.models.unpad import layout_from_batch
-from bertforge.tasks.pretrain import PretrainTask, instantiate
-from bertforge.train.data import PretrainData
+from bertforge.ops.unpad import layout_from_batch
+from bertforge.tasks.stream import (check_data_vocab, evaluate_stream, starting_model,
+                                    weights_source)
+from bertforge.train.data import PreparedData, open_pretrain_data
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import seq2seq_train_flops
-from bertforge.train.guards import check_vocab
-from bertforge.train.resume import verify_model_files
 
 
 def noise_vocab(tokenizer: Any) -> NoiseVocab:
@@ -43,34 +41,6 @@ def noise_vocab(tokenizer: Any) -> NoiseVocab:
     return NoiseVocab(mask_id=int(tokenizer.mask_id), bos_id=int(tokenizer.cls_id),
                       eos_id=int(tokenizer.sep_id), vocab_size=int(tokenizer.vocab_size),
                       special_ids=specials, is_word_start=starts)
-
-
-class DenoisingBatchMaker(torch.utils.data.Dataset):
-    """(epoch, sample indices) -> a noised seq2seq micro-batch; runs in loader workers.
-
-    Sources longer than ``max_source_length`` (insertion noise can lengthen a document) are cut,
-    keeping their final ``</s>``.
-    """
-
-    def __init__(self, dataset: Any, *, seed: int, spec: NoiseSpec, vocab: NoiseVocab,
-                 pad_id: int, max_source_length: int, pad_to_multiple_of: int = 8) -> None:
-        self.dataset, self.seed, self.spec, self.vocab = dataset, seed, spec, vocab
-        self.pad_id, self.max_source_length = pad_id, max_source_length
-        self.pad_to_multiple_of = pad_to_multiple_of
-
-    def pair(self, index: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(noised source, original target) of sample ``index`` in ``epoch``, int64."""
-        tokens, ends = self.dataset.get_sentences(index)
-        target = np.asarray(tokens, dtype=np.int64)
-        source = noise(target, ends, sample_rng(self.seed, epoch, index), self.spec, self.vocab)
-        return truncate_framed(source, self.max_source_length), target
-
-    def __getitem__(self, key: tuple[int, np.ndarray]) -> dict[str, torch.Tensor]:
-        epoch, indices = key
-        pairs = [self.pair(int(i), epoch) for i in indices]
-        return collate_seq2seq([p[0] for p in pairs], [p[1] for p in pairs], pad_id=self.pad_id,
-                               decoder_start_id=self.vocab.eos_id,
-                               pad_to_multiple_of=self.pad_to_multiple_of)
 
 
 def seq2seq_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> LossOutput:
@@ -97,73 +67,73 @@ def seq2seq_batch_flops(config: Any, batch: Batch) -> float:
                                batch["labels"].ne(IGNORE_INDEX).sum(1))
 
 
-def build_bart(cfg: PretrainConfig, data: PretrainData, resume_from: Path | None,
-               device: torch.device) -> nn.Module:
-    """The checkpoint being resumed, else ``init_from`` weights, else a fresh model whose
-    vocabulary and special ids come from the data's tokenizer."""
-    from bertforge.models.auto import config_class
-    from bertforge.models.bart import BartConfig, BartForConditionalGeneration
-
-    source = resume_from or (Path(cfg.init_from) if cfg.init_from else None)
-    where = source or cfg.model
-    if config_class(where) is not BartConfig:
-        raise ConfigError(f"the data at {cfg.data.path} was prepared for BART denoising "
-                          f"(--objective denoise) but model {where} is not a BART model; use "
-                          "model=bart-base, bart-large, bart-tiny or a BART directory")
-    tok = data.tokenizer
-    if source is not None:
-        if source != resume_from:
-            verify_model_files(source)
-        config = BartConfig.load(source)
-        if config.vocab_size != tok.vocab_size:
-            raise ConfigError(f"{source} has vocab_size {config.vocab_size} but the data at "
-                              f"{cfg.data.path} was prepared with {tok.vocab_size} tokens; "
-                              "prepare the data with the model's tokenizer")
-        check_vocab(source, tok.vocab, cfg.data.path)
-    else:
-        config = BartConfig.load(cfg.model).replace(
-            vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, bos_token_id=tok.cls_id,
-            eos_token_id=tok.sep_id, decoder_start_token_id=tok.sep_id,
-            forced_bos_token_id=tok.cls_id, forced_eos_token_id=tok.sep_id)
-    return instantiate(BartForConditionalGeneration, config, source, cfg, data, device)
-
-class DenoiseTask(PretrainTask):
-    """BART denoising on ``--objective denoise`` data; validation reconstruction loss. What it
-    shares with BERT pretraining (data streams, validation, outputs) is ``PretrainTask``'s."""
+class DenoiseTask:
+    """BART denoising on ``--objective denoise`` data; validation reconstruction loss."""
 
     name = "denoising"
+    init_key = "init_from"
+    supports_fsdp = True
     stat_keys = ("loss", "token_acc")
 
-    def __init__(self, cfg: PretrainConfig, info: DistInfo) -> None:
-        spec = cfg.data.noise.spec()
-        max_source_length = self.max_source_length(cfg)
-
-        def make_batch(dataset: Any, tokenizer: Any) -> DenoisingBatchMaker:
-            return DenoisingBatchMaker(dataset, seed=cfg.train.seed, spec=spec,
-                                       vocab=noise_vocab(tokenizer), pad_id=tokenizer.pad_id,
-                                       max_source_length=max_source_length)
-
-        super().__init__(cfg, info, make_batch)
-        if self.tokenizer is None:
+    def __init__(self, cfg: PretrainConfig, info: DistInfo, spec: Any,
+                 prepared: PreparedData) -> None:
+        # ``spec``: the task's record (``bertforge.tasks.registry``), given by the command.
+        self.cfg, self.info, self.spec = cfg, info, spec
+        if prepared.tokenizer is None:
             raise ConfigError(f"{cfg.data.path}: denoising data must come from `bertforge "
                               "prepare` (its tokenizer is saved with it)")
-
-    @staticmethod
-    def max_source_length(cfg: PretrainConfig) -> int:
-        """Positions of the model named by ``cfg`` (the longest source it can encode)."""
-        from bertforge.models.auto import load_config
-
         # A resumed run has the same model (a run-defining key), so its config says the same.
-        return load_config(cfg.init_from or cfg.model).max_position_embeddings
+        self.source = weights_source(cfg, None)
+        if not self.source.family.seq2seq:
+            raise ConfigError(f"the data at {cfg.data.path} was prepared for BART denoising "
+                              f"(--objective denoise) but model {self.source.name} is not a "
+                              "BART model; use model=bart-base, bart-large, bart-tiny or a BART "
+                              "directory")
+        noise_spec, positions = cfg.data.noise.spec(), self.source.config.max_position_embeddings
+
+        def make_batch(dataset: Any, tokenizer: Any) -> DenoisingBatchMaker:
+            return DenoisingBatchMaker(dataset, seed=cfg.train.seed, spec=noise_spec,
+                                       vocab=noise_vocab(tokenizer), pad_id=tokenizer.pad_id,
+                                       max_source_length=positions)
+
+        self.data = open_pretrain_data(cfg, info, prepared, make_batch)
+        self.train = self.data.train
+        self.tokenizer = self.data.tokenizer
+        self.phase = cfg.phase
+
+    @property
+    def has_validation(self) -> bool:
+        return self.data.has_validation
+
+    def total_steps(self) -> int:
+        return self.cfg.train.max_steps
 
     def build_model(self, resume_from: Path | None) -> nn.Module:
-        return build_bart(self.cfg, self.data, resume_from, self.info.device)
+        """The checkpoint being resumed, else ``init_from`` weights, else a fresh model whose
+        vocabulary and special ids come from the data's tokenizer."""
+        source = self.source if resume_from is None else weights_source(self.cfg, resume_from)
+        tok = self.tokenizer
+        if source.directory is not None:
+            check_data_vocab(source, self.data, self.cfg)
+        else:
+            source = source.replace(
+                vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, bos_token_id=tok.cls_id,
+                eos_token_id=tok.sep_id, decoder_start_token_id=tok.sep_id,
+                forced_bos_token_id=tok.cls_id, forced_eos_token_id=tok.sep_id)
+        return starting_model(source, "seq2seq-lm", self.cfg, self.data, self.info.device)
 
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
         return seq2seq_loss(model, batch)
 
+    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
+        return evaluate_stream(model, self.data, self.info, self.cfg.train.eval_batches,
+                               autocast, self.loss, self.stat_keys)
+
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return seq2seq_batch_flops(model.config, batch)
+
+    def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
+        return validation  # the final checkpoint is the product
 
     def describe(self, last: dict, validation: dict) -> list[str]:
         lines = []
@@ -174,3 +144,6 @@ class DenoiseTask(PretrainTask):
             lines.append(f"  validation   loss {validation['val_loss']:.4f}, "
                          f"token acc {validation['val_token_acc']:.3f}")
         return lines
+
+
+__all__ = ["DenoiseTask", "noise_vocab", "seq2seq_batch_flops", "seq2seq_loss"]

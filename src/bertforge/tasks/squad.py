@@ -11,46 +11,46 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from bertforge.data.batch import Batch, LossOutput, real_tokens
-from bertforge.data.finetuning.qa_postprocess import NO_SPAN_ODDS, QAPredictions
-from bertforge.data.finetuning.squad import (QAFeatures, postprocess_qa, qa_features, read_squad,
-                                             write_qa_outputs)
+from bertforge.data.collate.sequences import SequenceFeatures
+from bertforge.data.finetuning.qa_postprocess import NO_SPAN_ODDS
+from bertforge.data.finetuning.squad import postprocess_qa, qa_features, write_qa_outputs
 from bertforge.metrics.squad import SquadQuestion, score_v1, score_v2
-from bertforge.models import BertConfig, BertForQuestionAnswering
-from bertforge.tasks.finetune import EncoderTask, FeatureSet, pad_to
+from bertforge.tasks.finetuning import EncoderTask, Encoded, Examples, pad_to
 
 _MASKED_LOGIT = -1e4  # logits of padding positions, never chosen as a span end
 
 
 class SquadTask(EncoderTask):
-    name = "squad"
-    model_class = BertForQuestionAnswering
     prediction_file = "predictions.json"
 
-    def read(self) -> tuple[list | None, list | None]:
-        data = self.cfg.data
-        self.version_2 = False
-        self._processed: tuple[dict, QAPredictions] | None = None
-        train = None
-        if data.train:
-            parsed = read_squad(data.train)
-            train = parsed.examples[: data.max_train_examples]
-            self.version_2 = parsed.version == "2.0"
-        if not self.labelled:  # new questions: answer them as the model was trained to
-            self.version_2 = BertConfig.load(str(self.cfg.model)).finetuning_task == "squad_v2"
-        if data.validation:
-            evals = read_squad(data.validation, require_answers=self.labelled)
-            self.version_2 = self.version_2 or evals.version == "2.0"
-            return train, evals.examples[: data.max_eval_examples]
-        return train, None
+    @property
+    def version_2(self) -> bool:
+        """SQuAD v2.0 (questions may have no answer): learned from the files, or from the
+        model when predicting new questions."""
+        return self.examples.facts["version_2"]
 
-    def encode(self, examples: list, training: bool) -> FeatureSet:
+    def read(self) -> Examples:
+        data = self.cfg.data
+        read = self.spec.reader.load()
+        train, evaluation, version_2 = None, None, False
+        if data.train:
+            parsed = read(data.train)
+            train, version_2 = parsed.examples[: data.max_train_examples], parsed.version == "2.0"
+        if not self.labelled:  # new questions: answer them as the model was trained to
+            version_2 = self.source.config.finetuning_task == "squad_v2"
+        if data.validation:
+            parsed = read(data.validation, require_answers=self.labelled)
+            evaluation = parsed.examples[: data.max_eval_examples]
+            version_2 = version_2 or parsed.version == "2.0"
+        return Examples(train, evaluation, {"version_2": version_2})
+
+    def encode(self, examples: Sequence, training: bool) -> Encoded:
         d = self.cfg.data
         qa = qa_features(examples, self.tokenizer, max_seq_length=self.max_seq_length,
                          doc_stride=d.doc_stride, max_query_length=d.max_query_length,
@@ -59,9 +59,7 @@ class SquadTask(EncoderTask):
                   "attention_mask": qa.attention_mask}
         if training:
             arrays.update(start_positions=qa.start_positions, end_positions=qa.end_positions)
-        else:
-            self.qa_eval = qa
-        return FeatureSet(arrays)
+        return Encoded(SequenceFeatures(arrays), alignment=None if training else qa)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -77,21 +75,23 @@ class SquadTask(EncoderTask):
         return {"start_logits": pad_to(out.start_logits, width, _MASKED_LOGIT),
                 "end_logits": pad_to(out.end_logits, width, _MASKED_LOGIT)}
 
-    def postprocess(self, outputs: dict[str, np.ndarray]) -> QAPredictions:
-        """Answers from the logits of an evaluation pass; scoring and writing the predictions
-        of the same pass share one run of the n-best search."""
-        if self._processed is None or self._processed[0] is not outputs:
-            e = self.cfg.eval
-            self._processed = (outputs, postprocess_qa(
-                self.eval_examples, self.qa_eval, outputs["start_logits"], outputs["end_logits"],
-                n_best_size=e.n_best_size, max_answer_length=e.max_answer_length,
-                version_2=self.version_2, null_score_diff_threshold=e.null_score_diff_threshold))
-        return self._processed[1]
+    def collect(self, model: torch.nn.Module,
+                autocast: Callable[[], ContextManager]) -> dict[str, Any]:
+        """The logits of every window, and the answers the n-best search makes of them (scoring
+        and writing the predictions of one pass share one search)."""
+        outputs = super().collect(model, autocast)
+        e = self.cfg.eval
+        outputs["answers"] = postprocess_qa(
+            self.examples.evaluation, self.features.evaluation.alignment,
+            outputs["start_logits"], outputs["end_logits"], n_best_size=e.n_best_size,
+            max_answer_length=e.max_answer_length, version_2=self.version_2,
+            null_score_diff_threshold=e.null_score_diff_threshold)
+        return outputs
 
-    def score(self, outputs: dict[str, np.ndarray]) -> dict:
-        preds = self.postprocess(outputs)
+    def score(self, outputs: dict[str, Any]) -> dict:
+        preds = outputs["answers"]
         questions = [SquadQuestion(ex.id, tuple(a.text for a in ex.answers))
-                     for ex in self.eval_examples]
+                     for ex in self.examples.evaluation]
         if not self.version_2:
             return score_v1(questions, preds.predictions)
         # The predictions already answer "" where the null score wins by the configured
@@ -100,11 +100,11 @@ class SquadTask(EncoderTask):
         odds = {k: min(v, NO_SPAN_ODDS) for k, v in preds.null_odds.items()}
         return score_v2(questions, preds.predictions, na_probs=odds, na_prob_thresh=math.inf)
 
-    def write_predictions(self, output_dir: Path, outputs: dict[str, np.ndarray]) -> None:
-        write_qa_outputs(output_dir, self.postprocess(outputs), self.version_2)
+    def write_predictions(self, output_dir: Path, outputs: dict[str, Any]) -> None:
+        write_qa_outputs(output_dir, outputs["answers"], self.version_2)
 
     def model_overrides(self) -> dict[str, Any]:
         return {"finetuning_task": "squad_v2" if self.version_2 else "squad"}
 
 
-__all__ = ["QAFeatures", "SquadTask"]
+__all__ = ["SquadTask"]

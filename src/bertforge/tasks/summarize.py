@@ -10,91 +10,49 @@ directory carries the generation settings it was evaluated with (generation_conf
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from bertforge.data.batch import Batch, LossOutput
-from bertforge.config import FinetuneConfig
-from bertforge.data.finetuning.summarization import SummaryExample, read_summarization
-from bertforge.data.seq2seq import collate_seq2seq
+from bertforge.data.collate.seq2seq import PairFeatures
+from bertforge.data.finetuning.summarization import SummaryExample
 from bertforge.inference.generate import generate_texts, generation_settings
-from bertforge.metrics.rouge import rouge_scores
-from bertforge.models.bart import BartForConditionalGeneration
 from bertforge.tasks.denoise import seq2seq_batch_flops, seq2seq_loss
-from bertforge.tasks.finetune import FinetuneTask, unwrap
-from bertforge.train.distributed import DistInfo
-
-
-class PairFeatures(torch.utils.data.Dataset):
-    """Encoded (article, summary) pairs; as the loader's ``make_batch`` it collates
-    ``(epoch, indices)`` into a seq2seq micro-batch padded to its longest source and target."""
-
-    def __init__(self, sources: list[np.ndarray], targets: list[np.ndarray], *, pad_id: int,
-                 decoder_start_id: int) -> None:
-        self.sources, self.targets = sources, targets
-        self.pad_id, self.decoder_start_id = pad_id, decoder_start_id
-        self.lengths = np.array([len(s) for s in sources], dtype=np.int64)
-        digest = hashlib.sha256()
-        for row in (*sources, *targets):
-            digest.update(row.tobytes())
-        self.fingerprint = f"{len(sources)} pairs, sha256 {digest.hexdigest()[:16]}"
-
-    def __len__(self) -> int:
-        return len(self.sources)
-
-    def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch:
-        rows = [int(i) for i in key[1]]
-        return collate_seq2seq([self.sources[i] for i in rows], [self.targets[i] for i in rows],
-                               pad_id=self.pad_id, decoder_start_id=self.decoder_start_id)
+from bertforge.tasks.finetuning import Encoded, Examples, FinetuneTask, unwrap
 
 
 class SummarizationTask(FinetuneTask):
-    """``task: summarization`` (see the module docstring)."""
-
-    name = "summarization"
-    model_class = BartForConditionalGeneration
-
-    def __init__(self, cfg: FinetuneConfig, info: DistInfo, labelled: bool = True) -> None:
-        self.eval_sources: list[np.ndarray] = []
-        super().__init__(cfg, info, labelled)
+    """The evaluation features are the encoded articles; references stay text (ROUGE reads
+    text)."""
 
     # -- data -------------------------------------------------------------------------------
     def _read(self, path: str | None, require: bool, limit: int | None) -> list | None:
         if path is None:
             return None
-        return read_summarization(path, article_field=self.cfg.data.article_field,
-                                  summary_field=self.cfg.data.summary_field,
-                                  require_summaries=require, max_examples=limit)
+        return self.spec.reader.load()(path, article_field=self.cfg.data.article_field,
+                                       summary_field=self.cfg.data.summary_field,
+                                       require_summaries=require, max_examples=limit)
 
-    def read(self) -> tuple[list | None, list | None]:
+    def read(self) -> Examples:
         data = self.cfg.data
-        return (self._read(data.train, True, data.max_train_examples),
-                self._read(data.validation, self.labelled, data.max_eval_examples))
+        return Examples(self._read(data.train, True, data.max_train_examples),
+                        self._read(data.validation, self.labelled, data.max_eval_examples))
 
     def _encode(self, texts: list[str], max_length: int) -> list[np.ndarray]:
         return [np.asarray(ids, dtype=np.int64)
                 for ids in self.tokenizer.encode_truncated(texts, max_length)]
 
-    def encode(self, examples: list[SummaryExample], training: bool) -> PairFeatures | Any:
+    def encode(self, examples: Sequence[SummaryExample], training: bool) -> Encoded:
         sources = self._encode([e.article for e in examples], self.max_seq_length)
         if not training:
-            # Evaluation generates from the articles; references stay text (ROUGE reads text).
-            self.eval_sources = sources
-            return sources
+            return Encoded(sources)
         targets = self._encode([e.summary or "" for e in examples], self.cfg.data.max_target_length)
-        return PairFeatures(sources, targets, pad_id=self.tokenizer.pad_id,
-                            decoder_start_id=self._decoder_start())
-
-    def _decoder_start(self) -> int:
-        from bertforge.models.bart_config import BartConfig
-
-        return BartConfig.load(str(self.cfg.model)).decoder_start_token_id
+        return Encoded(PairFeatures(sources, targets, pad_id=self.tokenizer.pad_id,
+                                    decoder_start_id=self.source.config.decoder_start_token_id))
 
     # -- training ---------------------------------------------------------------------------
     def model_overrides(self) -> dict[str, Any]:
@@ -117,9 +75,10 @@ class SummarizationTask(FinetuneTask):
                 autocast: Callable[[], ContextManager]) -> dict[str, np.ndarray]:
         """A summary of every evaluation article (ranks split them), gathered in order."""
         inner = unwrap(model)
-        share = np.array_split(np.arange(len(self.eval_sources)), self.info.world_size)
+        sources = self.features.evaluation.features
+        share = np.array_split(np.arange(len(sources)), self.info.world_size)
         mine = generate_texts(inner, self.tokenizer,
-                              [self.eval_sources[i] for i in share[self.info.rank]],
+                              [sources[i] for i in share[self.info.rank]],
                               self.generation(model), batch_size=self.cfg.eval.batch_size,
                               device=self.info.device, autocast=autocast,
                               progress=self.info.is_main)
@@ -131,19 +90,20 @@ class SummarizationTask(FinetuneTask):
         return {"summaries": np.array(summaries, dtype=object)}
 
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
-        assert self.eval_examples is not None
-        references = [e.references for e in self.eval_examples]
-        scores = rouge_scores(list(outputs["summaries"]), references)
+        references = [e.references for e in self.examples.evaluation]
+        scores = self.spec.metric.load()(list(outputs["summaries"]), references)
         metrics = {k: scores[k] for k in ("rouge1", "rouge2", "rougeL", "rougeLsum")}
         words = [len(s.split()) for s in outputs["summaries"]]
         metrics["summary_words"] = float(np.mean(words)) if words else 0.0
         return metrics
 
     def prediction_rows(self, outputs: dict[str, np.ndarray]) -> list[dict]:
-        assert self.eval_examples is not None
         return [{"id": e.id, "summary": s}
-                for e, s in zip(self.eval_examples, outputs["summaries"])]
+                for e, s in zip(self.examples.evaluation, outputs["summaries"])]
 
     def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
         unwrap(model).generation_config = self.generation(model)  # saved with the model
         return super().finish(model, output_dir, validation)
+
+
+__all__ = ["SummarizationTask"]

@@ -6,32 +6,28 @@ returns (B, C) logits. One example counts as one sequence (of C x S tokens) in t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from bertforge.data.batch import Batch, LossOutput
-from bertforge.data.finetuning import ChoiceExample, read_swag
+from bertforge.data.collate.choices import ChoiceFeatures
+from bertforge.data.finetuning import ChoiceExample
 from bertforge.errors import DataError
-from bertforge.metrics.classification import accuracy
-from bertforge.models import BertForMultipleChoice
 from bertforge.tasks.classify import sequence_arrays
-from bertforge.tasks.finetune import EncoderTask, FeatureSet, choice_loss
+from bertforge.tasks.finetuning import EncoderTask, Encoded, Examples, choice_loss
 
 
 class MultipleChoiceTask(EncoderTask):
-    name = "swag"
-    model_class = BertForMultipleChoice
+    def read(self) -> Examples:
+        d, read = self.cfg.data, self.spec.reader.load()
+        train = read(d.train)[: d.max_train_examples] if d.train else None
+        evaluation = (read(d.validation, require_labels=self.labelled)[: d.max_eval_examples]
+                      if d.validation else None)
+        return Examples(train, evaluation)
 
-    def read(self) -> tuple[list | None, list | None]:
-        d = self.cfg.data
-        train = read_swag(d.train)[: d.max_train_examples] if d.train else None
-        evals = (read_swag(d.validation, require_labels=self.labelled)[: d.max_eval_examples]
-                 if d.validation else None)
-        return train, evals
-
-    def encode(self, examples: list[ChoiceExample], training: bool) -> FeatureSet:
+    def encode(self, examples: Sequence[ChoiceExample], training: bool) -> Encoded:
         choices = {len(ex.endings) for ex in examples}
         if len(choices) != 1:
             raise DataError(f"examples have different numbers of endings ({sorted(choices)}); "
@@ -42,7 +38,7 @@ class MultipleChoiceTask(EncoderTask):
                                  self.max_seq_length, (len(examples), c), truncation="only_second")
         if training or self.labelled:
             arrays["labels"] = np.asarray([ex.label for ex in examples], dtype=np.int64)
-        return FeatureSet(arrays)
+        return Encoded(ChoiceFeatures(arrays))
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -53,12 +49,15 @@ class MultipleChoiceTask(EncoderTask):
         return {"logits": out.logits}
 
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
-        return {"accuracy": accuracy(outputs["logits"].argmax(-1),
-                                     self.eval_features.arrays["labels"])}
+        gold = self.features.evaluation.features.arrays["labels"]
+        return {"accuracy": self.spec.metric.load()(outputs["logits"].argmax(-1), gold)}
 
     def prediction_rows(self, outputs: dict[str, np.ndarray]) -> list[dict]:
         return [{"id": ex.id, "label": int(p)}
-                for ex, p in zip(self.eval_examples, outputs["logits"].argmax(-1))]
+                for ex, p in zip(self.examples.evaluation, outputs["logits"].argmax(-1))]
 
     def model_overrides(self) -> dict[str, Any]:
         return {"finetuning_task": "swag"}
+
+
+__all__ = ["MultipleChoiceTask"]

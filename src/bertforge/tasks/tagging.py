@@ -9,41 +9,44 @@ predicted "O". Scores are entity-level precision/recall/F1 with seqeval's defini
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
-from bertforge.data.finetuning import LabelMap, TaggedExample, read_token_tags
+from bertforge.data.collate.sequences import SequenceFeatures
+from bertforge.data.finetuning import LabelMap, TaggedExample
 from bertforge.errors import ConfigError
-from bertforge.metrics.seqeval import entity_scores
-from bertforge.models import BertForTokenClassification
 from bertforge.tasks.classify import model_label_map
-from bertforge.tasks.finetune import EncoderTask, FeatureSet, pad_to
+from bertforge.tasks.finetuning import EncoderTask, Encoded, Examples, pad_to
 
 log = logging.getLogger(__name__)
 
 
 class TokenClassificationTask(EncoderTask):
-    name = "token-classification"
-    model_class = BertForTokenClassification
+    """Facts of its examples: ``labels``, the tag names (from the training file, else the
+    model). The evaluation features' alignment is the first sub-token of each kept word."""
 
-    def read(self) -> tuple[list | None, list | None]:
-        d = self.cfg.data
-        train = read_token_tags(d.train)[: d.max_train_examples] if d.train else None
-        self.labels = (LabelMap.from_examples(train) if train is not None
-                       else model_label_map(str(self.cfg.model)))
-        if self.labels is None:
+    @property
+    def labels(self) -> LabelMap:
+        return self.examples.facts["labels"]
+
+    def read(self) -> Examples:
+        d, read = self.cfg.data, self.spec.reader.load()
+        train = read(d.train)[: d.max_train_examples] if d.train else None
+        labels = (LabelMap.from_examples(train) if train is not None
+                  else model_label_map(self.source.config))
+        if labels is None:
             raise ConfigError(f"model={self.cfg.model} records no tag names (id2label) and no "
                               "data.train was given to learn them from")
-        evals = read_token_tags(d.validation)[: d.max_eval_examples] if d.validation else None
-        if evals is not None and self.labelled and any(ex.tags is None for ex in evals):
+        evaluation = read(d.validation)[: d.max_eval_examples] if d.validation else None
+        if evaluation is not None and self.labelled and any(ex.tags is None for ex in evaluation):
             raise ConfigError(f"{d.validation} has no tag column: it cannot be scored")
-        return train, evals
+        return Examples(train, evaluation, {"labels": labels})
 
-    def encode(self, examples: list[TaggedExample], training: bool) -> FeatureSet:
+    def encode(self, examples: Sequence[TaggedExample], training: bool) -> Encoded:
         windows = self.tokenizer.encode_windows([ex.tokens for ex in examples],
                                                 max_length=self.max_seq_length,
                                                 is_pretokenized=True)
@@ -66,9 +69,7 @@ class TokenClassificationTask(EncoderTask):
                         "not trained on" if training else "predicted as O")
         if training or self.labelled:
             arrays["labels"] = labels
-        if not training:
-            self.word_starts = starts
-        return FeatureSet(arrays)
+        return Encoded(SequenceFeatures(arrays), alignment=None if training else starts)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -84,14 +85,15 @@ class TokenClassificationTask(EncoderTask):
     def predicted_tags(self, outputs: dict[str, np.ndarray]) -> list[list[str]]:
         tags = outputs["tags"].astype(np.int64)
         out = []
-        for ex, row, first in zip(self.eval_examples, tags, self.word_starts):
+        for ex, row, first in zip(self.examples.evaluation, tags,
+                                  self.features.evaluation.alignment):
             words = [self.labels.name(int(t)) for t in row[first]]
             out.append(words + ["O"] * (len(ex.tokens) - len(words)))
         return out
 
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
-        scores = entity_scores([ex.tags for ex in self.eval_examples],
-                               self.predicted_tags(outputs))
+        scores = self.spec.metric.load()([ex.tags for ex in self.examples.evaluation],
+                                         self.predicted_tags(outputs))
         # Flat names (PER_f1, ...) so every metric is a number in logs and eval_results.json.
         per_type = scores.pop("per_type")
         return {**scores, **{f"{kind}_{name}": value for kind, values in sorted(per_type.items())
@@ -99,8 +101,11 @@ class TokenClassificationTask(EncoderTask):
 
     def prediction_rows(self, outputs: dict[str, np.ndarray]) -> list[dict]:
         return [{"id": ex.id, "tokens": ex.tokens, "tags": tags}
-                for ex, tags in zip(self.eval_examples, self.predicted_tags(outputs))]
+                for ex, tags in zip(self.examples.evaluation, self.predicted_tags(outputs))]
 
     def model_overrides(self) -> dict[str, Any]:
         return {"num_labels": len(self.labels), "id2label": self.labels.id2label,
                 "finetuning_task": "token-classification"}
+
+
+__all__ = ["TokenClassificationTask"]

@@ -22,17 +22,73 @@ from bertforge.train.distributed import DistInfo
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class PreparedData:
+    """A prepared data directory as this run sees it: its manifest (read once; empty for
+    NVIDIA/Google hdf5 shards, which carry none) and the tokenizer saved with it."""
+
+    path: Path
+    manifest: dict[str, Any]
+    tokenizer: Any  # None when the data records no tokenizer
+
+    @property
+    def objective(self) -> str:
+        """What the data trains: "nsp", "sop", "none" (BERT) or "denoise" (BART)."""
+        return self.manifest.get("objective", "nsp")
+
+
+def read_prepared(cfg: PretrainConfig) -> PreparedData:
+    """The manifest and tokenizer of ``data.path``; ConfigError when it is not set."""
+    if not cfg.data.path:
+        raise ConfigError("data.path is not set: give --data.path=DIR (a `bertforge prepare` "
+                          "output or NVIDIA/Google hdf5 shards)")
+    path = Path(cfg.data.path)
+    manifest = native.read_manifest(path, native_only=False) if (
+        path.is_dir() and (path / native.MANIFEST_NAME).is_file()) else {}
+    tokenizer = None
+    if "tokenizer" in manifest:
+        from bertforge.tokenization import load_tokenizer
+
+        tokenizer = load_tokenizer(path / manifest["tokenizer"])
+    return PreparedData(path, manifest, tokenizer)
+
+
 @dataclass
 class PretrainData:
     train: PretrainingLoader
     validation: PretrainingLoader | None
-    has_pairs: bool
-    objective: str                  # the manifest's objective ("nsp" for hdf5 data)
-    vocab_size: int | None          # None for NVIDIA/Google hdf5 (no manifest): the model's own
-    do_lower_case: bool | None
-    pad_id: int | None
-    max_seq_length: int | None
-    tokenizer: Any                  # the tokenizer saved with checkpoints, or None
+    prepared: PreparedData
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer saved with checkpoints, or None."""
+        return self.prepared.tokenizer
+
+    @property
+    def objective(self) -> str:
+        return self.prepared.objective
+
+    @property
+    def has_pairs(self) -> bool:
+        """Sentence pairs (an NSP/SOP head) rather than single segments."""
+        return self.objective in ("nsp", "sop")
+
+    @property
+    def vocab_size(self) -> int | None:
+        """None for NVIDIA/Google hdf5 (no manifest): the model's own."""
+        return self.prepared.manifest.get("vocab_size")
+
+    @property
+    def do_lower_case(self) -> bool | None:
+        return self.prepared.manifest.get("do_lower_case")
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.prepared.manifest.get("special_ids", {}).get("pad")
+
+    @property
+    def max_seq_length(self) -> int | None:
+        return self.prepared.manifest.get("max_seq_length")
 
     @property
     def vocab_tokens(self) -> tuple[str, ...] | None:
@@ -65,13 +121,7 @@ def _loader_kwargs(cfg: PretrainConfig, info: DistInfo) -> dict[str, Any]:
 MakeBatch = Callable[[Any, Any], Any]  # (dataset, tokenizer) -> PretrainingLoader make_batch
 
 
-def open_pretrain_data(cfg: PretrainConfig, info: DistInfo,
-                       make_batch: MakeBatch | None = None) -> PretrainData:
-    """The training (and validation) streams of ``cfg.data.path``; batches are BERT's masked
-    ones unless ``make_batch`` builds another kind from a split's dataset and the tokenizer."""
-    if not cfg.data.path:
-        raise ConfigError("data.path is not set: give --data.path=DIR (a `bertforge prepare` "
-                          "output or NVIDIA/Google hdf5 shards)")
+def _check_batch_sizes(cfg: PretrainConfig, info: DistInfo) -> None:
     per_step, batch = cfg.train.micro_batch_size * info.world_size, cfg.train.global_batch_size
     if batch % per_step:
         raise ConfigError(
@@ -79,16 +129,21 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo,
             f"{cfg.train.micro_batch_size} x {info.world_size} ranks = {per_step}; choose a "
             f"multiple of {per_step} (e.g. {max(1, round(batch / per_step)) * per_step}) or "
             "another micro-batch size")
-    path = Path(cfg.data.path)
-    manifest = native.read_manifest(path, native_only=False) if (
-        path.is_dir() and (path / native.MANIFEST_NAME).is_file()) else {}
-    tokenizer = None
+
+
+def open_pretrain_data(cfg: PretrainConfig, info: DistInfo, prepared: PreparedData | None = None,
+                       make_batch: MakeBatch | None = None) -> PretrainData:
+    """The training (and validation) streams of ``prepared`` (default: ``data.path`` read now);
+    batches are BERT's masked ones unless ``make_batch`` builds another kind from a split's
+    dataset and the tokenizer."""
+    prepared = prepared or read_prepared(cfg)
+    _check_batch_sizes(cfg, info)
+    path, manifest, tokenizer = prepared.path, prepared.manifest, prepared.tokenizer
     kw = _loader_kwargs(cfg, info)
-    if "tokenizer" in manifest:
-        from bertforge.tokenization import load_tokenizer
-        tokenizer = load_tokenizer(path / manifest["tokenizer"])
+    if tokenizer is not None:
         kw["is_continuation"] = tokenizer.is_continuation  # used only by whole-word masking
-    dataset, defaults = open_pretraining_dataset(path, split="train", overrides=kw)
+    dataset, defaults = open_pretraining_dataset(path, split="train", overrides=kw,
+                                                 manifest=manifest)
     # get_static first: hdf5's `lengths` is lazy and decompresses every shard.
     if hasattr(dataset, "get_static") or not hasattr(dataset, "lengths"):
         kw["bin_by_length"] = False  # static hdf5 shards are read in file order; no bins
@@ -103,7 +158,8 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo,
                                           "num_workers": cfg.data.num_workers})
     validation = None
     if "validation" in manifest.get("splits", {}) and cfg.train.eval_batches:
-        val_set, _ = open_pretraining_dataset(path, split="validation", overrides=kw)
+        val_set, _ = open_pretraining_dataset(path, split="validation", overrides=kw,
+                                              manifest=manifest)
         # Validation needs no accumulation: one micro-batch per rank per step, smaller if the
         # held-out split is small.
         micro = min(cfg.train.micro_batch_size, len(val_set) // info.world_size)
@@ -116,10 +172,4 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo,
         else:
             log.warning("validation split has %d sequences, fewer than one per rank; validation "
                         "is skipped", len(val_set))
-    return PretrainData(
-        train=train, validation=validation,
-        has_pairs=manifest.get("objective", "nsp") in ("nsp", "sop"),
-        objective=manifest.get("objective", "nsp"),
-        vocab_size=manifest.get("vocab_size"), do_lower_case=manifest.get("do_lower_case"),
-        pad_id=manifest.get("special_ids", {}).get("pad"),
-        max_seq_length=manifest.get("max_seq_length"), tokenizer=tokenizer)
+    return PretrainData(train=train, validation=validation, prepared=prepared)

@@ -23,7 +23,7 @@ import re
 
 import torch
 
-from bertforge.models.unpad import TokenLayout
+from bertforge.ops.unpad import TokenLayout
 
 # Dense (no sparsity) tensor-core peak per GPU in FLOP/s, from the vendors' data sheets: bf16 and
 # fp16, and TF32 for "fp32" (what fp32 matmuls run as on these GPUs inside bertforge's runs).

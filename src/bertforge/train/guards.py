@@ -18,33 +18,13 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from bertforge.errors import CheckpointError, ConfigError
+from bertforge.models.checks import count_nonfinite, nonfinite_summary
 from bertforge.tokenization import read_vocab_tokens, vocab_hash
 from bertforge.train.resume import previous_checkpoint
 
 GIB = 2**30
 # fp32 weights, gradients and the optimizer's two moments (LAMB and AdamW alike).
 TRAINING_BYTES_PER_PARAMETER = 16
-_LISTED = 3
-
-
-def count_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, list[str]]:
-    """(number of NaN/inf values, names of the tensors holding them) over floating tensors.
-
-    Counts are stacked per device and read back together: one host sync per device, not one per
-    tensor, so a BERT-large check costs milliseconds.
-    """
-    per_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-    for name, tensor in named:
-        if torch.is_tensor(tensor) and tensor.is_floating_point():
-            count = torch.isfinite(tensor).logical_not().sum()
-            per_device.setdefault(tensor.device, []).append((name, count))
-    total, bad = 0, []
-    for items in per_device.values():
-        for (name, _), n in zip(items, torch.stack([c for _, c in items]).tolist()):
-            total += n
-            if n:
-                bad.append(name)
-    return total, bad
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
@@ -53,15 +33,6 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, t
         for key, value in state.items():
             if torch.is_tensor(value):
                 yield f"state[{i}].{key}", value
-
-
-def nonfinite_summary(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
-    """A line such as "12 non-finite values in 2 tensor(s) (a, b)"; None if all are finite."""
-    count, bad = count_nonfinite(named)
-    if not count:
-        return None
-    shown = ", ".join(bad[:_LISTED]) + (", ..." if len(bad) > _LISTED else "")
-    return f"{count:,} non-finite values in {len(bad)} tensor(s) ({shown})"
 
 
 def refuse_nonfinite(named: Iterable[tuple[str, torch.Tensor]], source: Path,

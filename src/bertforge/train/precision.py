@@ -16,7 +16,7 @@ from typing import ContextManager, Iterator
 
 import torch
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+from bertforge.core.limits import PRECISIONS
 
 
 @contextmanager

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,11 +20,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from bertforge.config import (FinetuneConfig, RunConfig, run_defining_keys, save_config,
-                              to_dict)
+from bertforge.config import RunConfig, run_defining_keys, save_config, to_dict
 from bertforge.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
 from bertforge.core.io import ensure_writable_dir
-from bertforge.models.unpad import resolve_backend
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.optim.param_groups import needs_external_clipping
 from bertforge.core.signals import Stopped, raise_on_stop
@@ -40,6 +37,7 @@ from bertforge.train.distributed import (DistInfo, any_rank, barrier, cleanup,
                                          local_tensors, on_rank0, shard_model, wrap_ddp)
 from bertforge.train.guards import nonfinite_summary, optimizer_tensors, refuse_nonfinite
 from bertforge.train.loop import Hooks, LoopConfig, Trainer
+from bertforge.train.parallelize import apply_speed_options, check_attention_backend
 from bertforge.train.precision import build_precision
 from bertforge.train.resume import resolve_resume
 from bertforge.train.rng import capture_rng_state, restore_rng_state
@@ -110,15 +108,6 @@ def check_resume_compatible(saved: dict, cfg: RunConfig, source: Path, init_key:
             f"resume=none) with {init_key}={source} to keep only its weights")
 
 
-def total_steps(cfg: RunConfig, task: Task) -> int:
-    """``train.max_steps``, or ``train.epochs`` passes over the data where the config has them
-    (fine-tuning) and no step count is set."""
-    steps = cfg.train.max_steps
-    if steps is None:  # only fine-tuning's train section leaves it unset; it has epochs
-        steps = max(1, math.ceil(cfg.train.epochs * task.train.batches_per_epoch))
-    return steps
-
-
 class _Setup:
     """Everything built before the first step: model (restored), optimizer, schedule, precision."""
 
@@ -127,26 +116,21 @@ class _Setup:
         if not benchmark:  # before the model is built: a run must be able to save what it computes
             ensure_writable_dir(out, "output_dir")
         self.manager = CheckpointManager(out, keep=cfg.checkpoint.keep)
-        if cfg.train.fsdp and info.distributed and isinstance(cfg, FinetuneConfig):
-            # Fine-tuning tasks write their model from rank 0 alone (task.finish).
-            raise ConfigError("train.fsdp=true is supported for pretraining only (bertforge "
-                              "pretrain); fine-tune with train.fsdp=false (DDP)")
+        if cfg.train.fsdp and info.distributed and not task.supports_fsdp:
+            raise ConfigError(f"train.fsdp=true is not supported by {task.name} (it writes its "
+                              "model from rank 0 alone); run it with train.fsdp=false (DDP)")
         self.precision = build_precision(cfg.precision, info.device)
         if cfg.train.unpad:  # before the model is built: the kernel exists here for this dtype
-            try:
-                resolve_backend(cfg.train.attention_backend, info.device,
-                                self.precision.dtype or torch.float32)
-            except ValueError as exc:
-                raise ConfigError(f"train.attention_backend={cfg.train.attention_backend}: "
-                                  f"{exc}") from None
+            check_attention_backend(cfg.train.attention_backend, info.device,
+                                    self.precision.dtype or torch.float32)
         self.resume_from = None if benchmark else on_rank0(lambda: resolve_resume(cfg.resume, out))
-        self.max_steps = total_steps(cfg, task)
+        self.max_steps = task.total_steps()
         self.model = model = task.build_model(self.resume_from)
-        if cfg.train.gradient_checkpointing:
-            model.set_gradient_checkpointing(True)
-        model.set_unpadding(cfg.train.unpad, cfg.train.attention_backend)
-        if cfg.train.compile or (cfg.train.compile is None and info.device.type == "cuda"):
-            model.compile_layers()  # before sharding: FSDP's hooks stay outside the graphs
+        apply_speed_options(  # before sharding: FSDP's hooks stay outside the compiled graphs
+            model, unpad=cfg.train.unpad, attention_backend=cfg.train.attention_backend,
+            gradient_checkpointing=cfg.train.gradient_checkpointing,
+            compile=cfg.train.compile or (cfg.train.compile is None
+                                          and info.device.type == "cuda"))
         # FSDP2 replaces the parameters with sharded ones (DTensors), so it comes before the
         # optimizer is built over them; DDP wraps the model at the end instead.
         self.sharded = bool(cfg.train.fsdp) and shard_model(
@@ -300,7 +284,7 @@ def _checkpointer(task: Task, cfg: RunConfig, info: DistInfo, s: _Setup, logger:
                 full.save_pretrained(tmp, tokenizer=task.tokenizer)
                 save_training_state(
                     tmp, optimizer=None if s.sharded else optimizer, scheduler=s.scheduler,
-                    scaler=s.precision.scaler, step=step, phase=getattr(cfg, "phase", 1),
+                    scaler=s.precision.scaler, step=step, phase=task.phase,
                     data_state=data_states, rng_states=rng_states, config=to_dict(cfg))
             try:
                 saved.append(s.manager.save(step, write, tmp=tmp))

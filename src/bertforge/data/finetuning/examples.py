@@ -53,3 +53,23 @@ class TaggedExample:
     tokens: list[str]
     tags: list[str] | None
     source: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A gold answer: its text and its character start in the context (-1: not found there)."""
+
+    text: str
+    start: int
+
+
+@dataclass(frozen=True)
+class QAExample:
+    """One question about one context with its gold answers (none: unanswerable or unknown)."""
+
+    id: str
+    question: str
+    context: str
+    answers: list[Answer]
+    is_impossible: bool = False
+    title: str = ""

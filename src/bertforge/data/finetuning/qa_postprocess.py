@@ -18,20 +18,43 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from bertforge.core.io import write_json_atomic
 
-if TYPE_CHECKING:
-    from bertforge.data.finetuning.squad import QAExample, QAFeatures
+from bertforge.data.finetuning.examples import QAExample
 
-__all__ = ["QAPredictions", "max_context_masks", "postprocess_qa", "write_qa_outputs"]
+__all__ = ["QAFeatures", "QAPredictions", "max_context_masks", "postprocess_qa",
+           "write_qa_outputs"]
 
 # null_odds.json stands for "no valid span at all" (infinite odds) with this finite value,
 # because JSON has no infinity.
 NO_SPAN_ODDS = 1e30
+
+
+@dataclass
+class QAFeatures:
+    """Model inputs for every window of every example, with what post-processing needs.
+
+    N windows, S = max_seq_length. ``offsets[n][t]`` is the character span of token t in the
+    example's context, or None for question, [CLS], [SEP] tokens (and it is only as long as the
+    window, not padded). ``token_is_max_context[n, t]`` is True where window n gives context
+    token t the most surrounding context of all windows holding it (see ``max_context_masks``).
+    """
+
+    input_ids: np.ndarray             # (N, S) int64, padded with [PAD]
+    token_type_ids: np.ndarray        # (N, S) int64
+    attention_mask: np.ndarray        # (N, S) int64, 1 on real tokens
+    example_index: np.ndarray         # (N,) int64, index into the examples list
+    offsets: list[list[tuple[int, int] | None]]
+    token_is_max_context: np.ndarray  # (N, S) bool
+    start_positions: np.ndarray | None = None  # (N,) int64, training only; 0 = [CLS]
+    end_positions: np.ndarray | None = None    # (N,) int64
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
 
 
 @dataclass

@@ -29,7 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.data.finetuning.examples import Answer, QAExample
 from bertforge.data.finetuning.qa_postprocess import (
+    QAFeatures,
     QAPredictions,
     max_context_masks,
     postprocess_qa,
@@ -43,26 +45,6 @@ __all__ = ["Answer", "QAExample", "QAFeatures", "QAPredictions", "SquadData", "p
 
 log = logging.getLogger(__name__)
 _SHOWN_IDS = 5  # ids named in a warning
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A gold answer: its text and its character start in the context (-1: not found there)."""
-
-    text: str
-    start: int
-
-
-@dataclass(frozen=True)
-class QAExample:
-    """One question about one context with its gold answers (none: unanswerable or unknown)."""
-
-    id: str
-    question: str
-    context: str
-    answers: list[Answer]
-    is_impossible: bool = False
-    title: str = ""
 
 
 @dataclass
@@ -263,29 +245,6 @@ def _looks_like_lines(text: str) -> bool:
         return isinstance(json.loads(first), dict)
     except json.JSONDecodeError:
         return False
-
-
-@dataclass
-class QAFeatures:
-    """Model inputs for every window of every example, with what post-processing needs.
-
-    N windows, S = max_seq_length. ``offsets[n][t]`` is the character span of token t in the
-    example's context, or None for question, [CLS], [SEP] tokens (and it is only as long as the
-    window, not padded). ``token_is_max_context[n, t]`` is True where window n gives context
-    token t the most surrounding context of all windows holding it (see ``max_context_masks``).
-    """
-
-    input_ids: np.ndarray             # (N, S) int64, padded with [PAD]
-    token_type_ids: np.ndarray        # (N, S) int64
-    attention_mask: np.ndarray        # (N, S) int64, 1 on real tokens
-    example_index: np.ndarray         # (N,) int64, index into the examples list
-    offsets: list[list[tuple[int, int] | None]]
-    token_is_max_context: np.ndarray  # (N, S) bool
-    start_positions: np.ndarray | None = None  # (N,) int64, training only; 0 = [CLS]
-    end_positions: np.ndarray | None = None    # (N,) int64
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
 
 
 def _check_lengths(max_seq_length: int, doc_stride: int, max_query_length: int) -> None:

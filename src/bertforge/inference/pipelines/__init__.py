@@ -19,8 +19,7 @@ summarization cuts the article to the model's positions by default.
 """
 
 
-from bertforge.inference.pipelines.base import TASKS, InputError, Pipeline, TextRequest
-from bertforge.inference.pipelines.loading import PIPELINES, infer_task, load_pipeline
+from bertforge.inference.pipelines.base import InputError, Pipeline, TextRequest
+from bertforge.inference.pipelines.loading import infer_task, load_pipeline
 
-__all__ = ["InputError", "Pipeline", "PIPELINES", "TASKS", "TextRequest", "infer_task",
-           "load_pipeline"]
+__all__ = ["InputError", "Pipeline", "TextRequest", "infer_task", "load_pipeline"]

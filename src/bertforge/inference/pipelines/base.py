@@ -14,14 +14,12 @@ import torch
 
 from bertforge.data.finetuning.labels import LabelMap
 from bertforge.data.seq2seq import pad_rows
+from bertforge.models.registry import family_of_config
 from bertforge.tokenization import BertTokenizer, Window
 from bertforge.train.precision import Precision
 
 
-TASKS = ("question-answering", "text-classification", "token-classification", "fill-mask",
-         "summarization", "feature-extraction")
 TRUNCATION = ("error", "truncate")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _MASKED_LOGIT = -1e4  # start/end logits of padding, never part of a span
 _MAX_TOP_K = 100
 _UNCUT = 1 << 30  # a max_length no text reaches: encode whole, to measure it
@@ -125,10 +123,12 @@ class Pipeline(ABC):
     Subclasses add their task's options as fields with defaults (``options`` lists them).
     """
 
-    task: ClassVar[str]
+    fields: ClassVar[tuple[str, ...]] = ("text",)
+    """The fields of a request item (the request schema; ``parse`` checks each)."""
     options: ClassVar[tuple[str, ...]] = ()
     default_truncation: ClassVar[str] = "error"
 
+    task: str                  # the canonical task name (bertforge.tasks.registry)
     model: Any                 # the PyTorch model, or a backend with the same call and outputs
     tokenizer: Any             # BertTokenizer or BpeTokenizer
     model_dir: Path
@@ -167,13 +167,12 @@ class Pipeline(ABC):
     # -- shared machinery ---------------------------------------------------------------------
     @property
     def input_names(self) -> tuple[str, ...]:
-        if self.config.model_type == "bert":
-            return ("input_ids", "attention_mask", "token_type_ids")
-        return ("input_ids", "attention_mask")
+        """The model's inputs, as its family says (BERT also takes token types)."""
+        return family_of_config(self.config).inputs
 
     def parse_text(self, item: Mapping[str, Any]) -> TextRequest:
         """An item of one ``text`` field, encoded (the parse of tagging and embeddings)."""
-        item = _fields(item, ("text",))
+        item = _fields(item, self.fields)
         text = _text(item, "text")
         return TextRequest(text, *self.encode_text(text))
 

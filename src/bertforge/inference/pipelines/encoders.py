@@ -22,7 +22,7 @@ from bertforge.tokenization import BertTokenizer
 class TextClassificationPipeline(Pipeline):
     """Sequence (pair) classification with the label names of config.json, or regression."""
 
-    task: ClassVar[str] = "text-classification"
+    fields: ClassVar[tuple[str, ...]] = ("text", "text_pair")
     labels: LabelMap | None = field(init=False, default=None)  # None: regression (one output)
 
     def __post_init__(self) -> None:
@@ -30,7 +30,7 @@ class TextClassificationPipeline(Pipeline):
         self.labels = None if regression else _labels(self.config)
 
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
-        item = _fields(item, ("text", "text_pair"))
+        item = _fields(item, self.fields)
         text, pair = _text(item, "text"), _text(item, "text_pair", required=False)
         return TextRequest(text, *self.encode_text(text, pair))
 
@@ -67,7 +67,6 @@ class TokenClassificationPipeline(Pipeline):
     lists the words whose tag is not "O", with their character spans in the text.
     """
 
-    task: ClassVar[str] = "token-classification"
     labels: LabelMap = field(init=False)
 
     def __post_init__(self) -> None:
@@ -115,7 +114,7 @@ class FillMaskPipeline(Pipeline):
     """The ``top_k`` most likely tokens at every mask of the text ([MASK] for BERT, <mask> for
     BART, whose decoder reads the text shifted right and so scores every position)."""
 
-    task: ClassVar[str] = "fill-mask"
+    fields: ClassVar[tuple[str, ...]] = ("text", "top_k")
     options: ClassVar[tuple[str, ...]] = ("top_k",)
     top_k: int = 5
 
@@ -128,7 +127,7 @@ class FillMaskPipeline(Pipeline):
         return self.tokenizer.vocab[self.tokenizer.mask_id]
 
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
-        item = _fields(item, ("text", "top_k"))
+        item = _fields(item, self.fields)
         text = _text(item, "text")
         top_k = _number(item, "top_k", int, 1, _MAX_TOP_K) or self.top_k
         window, truncated = self.encode_text(text)
@@ -183,7 +182,6 @@ class FeatureExtractionPipeline(Pipeline):
     """One vector per text from the encoder's last hidden states: their mean over the real
     tokens (``pooling="mean"``, as sentence-transformers) or the first token's ([CLS]/<s>)."""
 
-    task: ClassVar[str] = "feature-extraction"
     options: ClassVar[tuple[str, ...]] = ("pooling", "normalize")
     pooling: str = "mean"
     normalize: bool = False  # scale every vector to unit length (cosine similarity = dot)

@@ -1,4 +1,6 @@
-"""Choosing the task of a model directory and loading its pipeline."""
+"""Choosing the task of a model directory and loading its pipeline: the task registry says which
+pipeline a task has and the head kind its model needs; ``bertforge.models.loading`` loads that
+head (config.json read once, weights verified)."""
 
 from __future__ import annotations
 
@@ -7,124 +9,77 @@ from typing import Any
 
 import torch
 
+from bertforge.core.limits import PRECISIONS
 from bertforge.errors import ConfigError, DataError
-from bertforge.inference.pipelines.base import PRECISIONS, Pipeline, TASKS, TRUNCATION
-from bertforge.inference.pipelines.encoders import (FeatureExtractionPipeline, FillMaskPipeline,
-                                                    TextClassificationPipeline,
-                                                    TokenClassificationPipeline)
-from bertforge.inference.pipelines.qa import QuestionAnsweringPipeline
-from bertforge.inference.pipelines.summarize import SummarizationPipeline
+from bertforge.inference.pipelines.base import Pipeline, TRUNCATION
+from bertforge.models.loading import ModelSource, load_model, open_model
+from bertforge.models.registry import family_of_architecture
+from bertforge.tasks.registry import (TaskSpec, get_task, task_names, task_of_finetuned,
+                                      task_of_head)
 from bertforge.tokenization import load_tokenizer
 from bertforge.train.precision import build_precision
-
-PIPELINES: dict[str, type[Pipeline]] = {cls.task: cls for cls in (
-    QuestionAnsweringPipeline, TextClassificationPipeline, TokenClassificationPipeline,
-    FillMaskPipeline, SummarizationPipeline, FeatureExtractionPipeline)}
-
-
-# --- loading -------------------------------------------------------------------------------------
-
-# Architectures (config.json) each task's head can be read from; feature extraction reads any.
-_FITS = {
-    "question-answering": ("BertForQuestionAnswering",),
-    "text-classification": ("BertForSequenceClassification",),
-    "token-classification": ("BertForTokenClassification",),
-    "fill-mask": ("BertForMaskedLM", "BertForPreTraining", "BartForConditionalGeneration"),
-    "summarization": ("BartForConditionalGeneration",),
-}
-_BY_ARCHITECTURE = {
-    "BertForQuestionAnswering": "question-answering",
-    "BertForSequenceClassification": "text-classification",
-    "BertForTokenClassification": "token-classification",
-    "BertForMaskedLM": "fill-mask", "BertForPreTraining": "fill-mask",
-    "BertModel": "feature-extraction", "BartModel": "feature-extraction",
-    "BartForConditionalGeneration": "summarization",
-}
 
 
 def infer_task(config: Any, source: str) -> str:
     """The task a model was fine-tuned (or pretrained) for, from config.json's
     ``finetuning_task``, else its ``architectures``; ``ConfigError`` when neither tells."""
-    tuned = config.finetuning_task or ""
-    if tuned in ("squad", "squad_v2"):
-        return "question-answering"
-    if tuned.startswith("glue/") or tuned == "classification":
-        return "text-classification"
-    if tuned in ("token-classification", "summarization"):
-        return tuned
+    spec = task_of_finetuned(config.finetuning_task)
+    if spec is not None and spec.pipeline is not None:
+        return spec.name
     for name in config.architectures or ():
-        if name in _BY_ARCHITECTURE:
-            return _BY_ARCHITECTURE[name]
+        found = family_of_architecture(name)
+        for head in found[0].heads_in(name) if found is not None else ():
+            spec = task_of_head(head)
+            if spec is not None:
+                return spec.name
     raise ConfigError(f"{source}/config.json does not say which task the model does "
                       f"(finetuning_task={config.finetuning_task!r}, architectures="
-                      f"{config.architectures}); pass the task: {', '.join(TASKS)}")
+                      f"{config.architectures}); pass the task: "
+                      f"{', '.join(task_names(served=True))}")
 
 
-def _check_fit(task: str, config: Any, source: str) -> None:
-    """``ConfigError`` unless ``task`` is known and config.json's architectures can do it."""
-    if task not in TASKS:
-        raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    wanted = _FITS.get(task)
-    if wanted is None or not config.architectures:
-        return  # feature extraction fits all; without architectures the weights decide
-    if not set(config.architectures) & set(wanted):
-        raise ConfigError(f"{source} is a {'/'.join(config.architectures)} model; task {task} "
-                          f"needs a {' or '.join(wanted)} model")
+def _check_fit(spec: TaskSpec, source: ModelSource) -> None:
+    """``ConfigError`` unless the model's family has the head ``spec`` needs and config.json's
+    architectures (when it names them) is that head."""
+    family, where = source.family, str(source.directory)
+    if spec.seq2seq is not None and spec.seq2seq != family.seq2seq:
+        kind = "an encoder-decoder (BART)" if spec.seq2seq else "an encoder-only (BERT)"
+        raise ConfigError(f"task {spec.name} needs {kind} model; {where} is a {family.name} "
+                          "model")
+    if spec.head not in family.heads:
+        able = [t for t in task_names(served=True) if get_task(t).head in family.heads]
+        raise ConfigError(f"task {spec.name} needs a {spec.head} head, which {family.name} "
+                          f"models do not have; {family.name} models do {', '.join(able)}")
+    named = source.config.architectures
+    if spec.head != "base" and named and not any(spec.head in family.heads_in(n) for n in named):
+        classes = family.architectures()
+        direct = [n for n, heads in classes.items() if spec.head in heads]
+        fits = direct + [n for n in classes if n not in direct and spec.head in family.heads_in(n)]
+        raise ConfigError(f"{where} is a {'/'.join(named)} model; task {spec.name} needs a "
+                          f"{' or '.join(fits)} model")
 
 
-def _model_class(task: str, is_bart: bool) -> tuple[type, str | None]:
-    """The model class of a task and the weight prefix of the head it must find in the files."""
-    from bertforge.models import (BartForConditionalGeneration, BartModel, BertForMaskedLM,
-                                  BertForQuestionAnswering, BertForSequenceClassification,
-                                  BertForTokenClassification, BertModel)
-
-    if is_bart:
-        if task in ("summarization", "fill-mask"):
-            return BartForConditionalGeneration, None
-        if task == "feature-extraction":
-            return BartModel, None
-        raise ConfigError(f"task {task} needs a BERT model; BART models do summarization, "
-                          "fill-mask and feature-extraction")
-    if task == "summarization":
-        raise ConfigError("task summarization needs a BART model (an encoder-decoder)")
-    return {"question-answering": (BertForQuestionAnswering, "qa_outputs."),
-            "text-classification": (BertForSequenceClassification, "classifier."),
-            "token-classification": (BertForTokenClassification, "classifier."),
-            "fill-mask": (BertForMaskedLM, "cls.predictions."),
-            "feature-extraction": (BertModel, None)}[task]
-
-
-def _load_model(task: str, model_dir: Path, is_bart: bool, device: torch.device) -> Any:
+def _load_model(spec: TaskSpec, source: ModelSource, device: torch.device) -> Any:
     """The task's model with the directory's weights, on ``device``, in eval mode; a head the
-    files lack is a ``ConfigError`` (it would answer at random), not a fresh initialisation."""
-    from bertforge.models.hub import read_weights
-
-    cls, head = _model_class(task, is_bart)
-    config = cls.config_class.load(model_dir)
-    # Feature extraction never uses BERT's pooler, so it is not built (nor reported missing).
-    model = cls(config, add_pooling_layer=False) if cls.__name__ == "BertModel" else cls(config)
-    weights, source = read_weights(model_dir)
-    report = model.load_hf_state_dict(weights, source=source)
-    if head and any(k.startswith(head) for k in report.initialized):
-        raise ConfigError(f"{source} has no {head.rstrip('.')} weights, the head task {task} "
-                          "needs; give a model fine-tuned (or pretrained) for it")
-    model.load_extras(model_dir)
-    return (model.encoder if task == "feature-extraction" and is_bart else model).to(device).eval()
+    files lack is a ``ConfigError`` (it would answer at random), not a fresh initialisation.
+    An encoder-decoder's feature extraction runs its encoder alone."""
+    model = load_model(source, spec.head, device=device)
+    return model.encoder if spec.name == "feature-extraction" and source.family.seq2seq else model
 
 
-def _run_settings(model_dir: Path) -> dict[str, Any]:
+def _run_settings(model_dir: Path, spec: TaskSpec) -> dict[str, Any]:
     """QA window and n-best settings of the run that wrote ``model_dir`` (its config.yaml)."""
     path = model_dir / "config.yaml"
-    if not path.is_file():
+    if not path.is_file() or spec.name != "question-answering":
         return {}
     from bertforge.config import FinetuneConfig, load_config
 
     cfg = load_config(FinetuneConfig, path)
-    if cfg.task != "squad":
+    if get_task(cfg.task).name != spec.name:
         return {}
-    return {"max_length": cfg.max_seq_length, "doc_stride": cfg.data.doc_stride,
-            "max_query_length": cfg.data.max_query_length, "n_best_size": cfg.eval.n_best_size,
-            "max_answer_length": cfg.eval.max_answer_length,
+    return {"max_length": cfg.data.max_seq_length or spec.max_length,
+            "doc_stride": cfg.data.doc_stride, "max_query_length": cfg.data.max_query_length,
+            "n_best_size": cfg.eval.n_best_size, "max_answer_length": cfg.eval.max_answer_length,
             "null_score_diff_threshold": cfg.eval.null_score_diff_threshold}
 
 
@@ -145,7 +100,8 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
                   precision: str = "auto", max_length: int | None = None,
                   truncation: str | None = None, backend: Any = None,
                   **options: Any) -> Pipeline:
-    """The pipeline of ``model_dir`` for ``task`` (None: the task the model was fine-tuned for).
+    """The pipeline of ``model_dir`` for ``task`` (None: the task the model was fine-tuned for;
+    any name or alias of the task registry).
 
     ``max_length``: tokens per input (default: the run's data.max_seq_length for QA, else the
     model's positions within the tokenizer's limit). ``truncation``: "error" or "truncate"
@@ -155,20 +111,20 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     n_best_size, max_answer_length, null_score_diff_threshold, max_windows; fill-mask: top_k;
     feature-extraction: pooling, normalize). User mistakes raise ``ConfigError``.
     """
-    from bertforge.models.auto import is_seq2seq, load_config
-
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"model {model_dir} is not a model directory (no config.json)")
-    config = load_config(model_dir)
-    if task is None:
-        task = infer_task(config, str(model_dir))
-    _check_fit(task, config, str(model_dir))
-    cls = PIPELINES[task]
+    source = open_model(model_dir)
+    config = source.config
+    spec = get_task(task if task is not None else infer_task(config, str(model_dir)),
+                    served=True)
+    _check_fit(spec, source)
+    cls = spec.pipeline.load()
     unknown = sorted(set(options) - set(cls.options))
     if unknown:
         allowed = ", ".join(cls.options) or "none"
-        raise ConfigError(f"option {unknown[0]} does not apply to {task} (its options: {allowed})")
+        raise ConfigError(f"option {unknown[0]} does not apply to {spec.name} (its options: "
+                          f"{allowed})")
     truncation = truncation or cls.default_truncation
     if truncation not in TRUNCATION:
         raise ConfigError(f"truncation must be error or truncate, got {truncation!r}")
@@ -179,10 +135,10 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     except DataError as exc:
         raise ConfigError(f"model {model_dir}: {exc}") from None
     positions = config.max_position_embeddings
-    settings = _run_settings(model_dir) if task == "question-answering" else {}
+    settings = _run_settings(model_dir, spec)
     run_length = settings.pop("max_length", None)
     limit = max_length or run_length or (
-        384 if task == "question-answering" else tokenizer.model_max_length)
+        spec.max_length if spec.name == "question-answering" else tokenizer.model_max_length)
     if max_length is not None and not 3 <= max_length <= positions:
         raise ConfigError(f"max_length={max_length} must be between 3 and the model's "
                           f"{positions} positions")
@@ -191,13 +147,12 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
         # A backend runs where its runtime put it (its ``device``; onnxruntime may have dropped
         # CUDA): report that device, and keep the inputs on the CPU when it is the CPU.
         target = torch.device(getattr(backend, "device", target))
-    model = backend if backend is not None else _load_model(task, model_dir, is_seq2seq(config),
-                                                            target)
+    model = backend if backend is not None else _load_model(spec, source, target)
     extra: dict[str, Any] = {**settings, **options}
-    if task == "question-answering":
+    if spec.name == "question-answering":
         extra["version_2"] = config.finetuning_task == "squad_v2"
-    return cls(model=model, tokenizer=tokenizer, model_dir=model_dir, config=config,
-               device=target,
+    return cls(task=spec.name, model=model, tokenizer=tokenizer, model_dir=model_dir,
+               config=config, device=target,
                # onnxruntime computes in the exported fp32 (or int8): torch's autocast has no say
                precision=build_precision("fp32" if backend is not None else precision, target),
                max_length=min(limit, positions), truncation=truncation,

@@ -26,7 +26,7 @@ class QARequest:
 class QuestionAnsweringPipeline(Pipeline):
     """Extractive QA; a long context is split into doc-stride windows, never cut."""
 
-    task: ClassVar[str] = "question-answering"
+    fields: ClassVar[tuple[str, ...]] = ("question", "context")
     options: ClassVar[tuple[str, ...]] = ("doc_stride", "max_query_length", "n_best_size",
                                           "max_answer_length", "null_score_diff_threshold",
                                           "max_windows")
@@ -45,7 +45,7 @@ class QuestionAnsweringPipeline(Pipeline):
                      training=False)
 
     def parse(self, item: Mapping[str, Any]) -> QARequest:
-        item = _fields(item, ("question", "context"))
+        item = _fields(item, self.fields)
         question, context = _text(item, "question"), _text(item, "context")
         example = QAExample(id="0", question=question, context=context, answers=[])
         return QARequest(question, context, qa_features(

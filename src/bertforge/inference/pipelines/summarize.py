@@ -8,8 +8,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from bertforge.config import GenerationOptions
 from bertforge.errors import ConfigError
-from bertforge.inference.pipelines.base import InputError, Pipeline, _fields, _number, _text
+from bertforge.inference.pipelines.base import (InputError, Pipeline, _fields, _json_type,
+                                                _number, _text)
 
 # --- summarization -------------------------------------------------------------------------------
 
@@ -21,8 +23,20 @@ class SummaryRequest:
     truncated: bool
 
 
-_GENERATION_FIELDS = {"num_beams": (int, 1), "max_length": (int, 1), "min_length": (int, 0),
-                      "length_penalty": (float, None), "no_repeat_ngram_size": (int, 0)}
+# The request fields are the generation options of every command (one definition); their ranges
+# are GenerationConfig's, checked when the settings are built.
+_GENERATION_FIELDS = GenerationOptions.request_kinds()
+
+
+def _setting(item: Mapping[str, Any], name: str, kind: type | None) -> Any:
+    """A number field (``kind``), or early_stopping's true/false/"never"."""
+    if kind is not None:
+        return _number(item, name, kind)
+    value = item.get(name)
+    if value is not None and not (isinstance(value, bool) or value == "never"):
+        raise InputError(name, f'must be true, false or "never", got {_json_type(value)} '
+                               f"{value!r}")
+    return value
 
 
 @dataclass
@@ -30,16 +44,16 @@ class SummarizationPipeline(Pipeline):
     """Abstractive summaries by BART with the model's generation_config.json and per-request
     overrides. Requests with the same settings share a batch."""
 
-    task: ClassVar[str] = "summarization"
+    fields: ClassVar[tuple[str, ...]] = ("text", *_GENERATION_FIELDS)
     default_truncation: ClassVar[str] = "truncate"
 
     def parse(self, item: Mapping[str, Any]) -> SummaryRequest:
         from bertforge.inference.generate import generation_settings
 
-        item = _fields(item, ("text", *_GENERATION_FIELDS))
+        item = _fields(item, self.fields)
         text = _text(item, "text")
-        overrides = {name: value for name, (kind, low) in _GENERATION_FIELDS.items()
-                     if (value := _number(item, name, kind, low)) is not None}
+        overrides = {name: value for name, kind in _GENERATION_FIELDS.items()
+                     if (value := _setting(item, name, kind)) is not None}
         try:
             settings = generation_settings(self.model, overrides, source=str(self.model_dir))
         except ConfigError as exc:

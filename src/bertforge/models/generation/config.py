@@ -137,7 +137,8 @@ class GenerationConfig:
                 raise bad_setting(name, value, "token ids are >= 0; use null for no token")
         self._check_lengths()
         if self.num_beams < 1:
-            raise bad_setting("num_beams", self.num_beams, "use 1 for greedy search or more for beams")
+            raise bad_setting("num_beams", self.num_beams,
+                              "must be >= 1 (1: greedy search, more: beam search)")
         if not 1 <= self.num_return_sequences <= self.num_beams:
             raise bad_setting("num_return_sequences", self.num_return_sequences,
                        f"must be between 1 and num_beams={self.num_beams}; raise num_beams to "

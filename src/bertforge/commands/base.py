@@ -1,0 +1,57 @@
+"""What a command is: its typed config, how it runs, and where its resolved config is saved.
+
+A :class:`Command` is plain data read by the command line (``bertforge.cli`` builds each
+subcommand's options from ``config``'s fields) and by the docs. ``run(cfg)`` (or
+``run(cfg, options)`` when the command has run-mode ``options`` outside its saved config)
+returns the exit status; it imports its back end lazily, so building the parser stays instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bertforge.core.schema import save_config
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``bertforge`` subcommand.
+
+    ``flat``: each config field is also a ``--kebab-case`` flag (``--vocab-size 30522``);
+    pretrain and finetune have nested sections, set only as ``--section.key=value`` and listed
+    in the epilog. ``recipes``: the folders whose recipe names ``--config`` also accepts.
+    ``passthrough``: a list field that collects the ``--key=value`` settings that are not this
+    config's keys (predict hands them to the fine-tuning config of a run). ``saves``: where the
+    resolved config is written, for ``--help``.
+    """
+
+    name: str
+    help: str
+    config: type
+    run: Callable[..., int]
+    options: type | None = None
+    flat: bool = True
+    recipes: tuple[str, ...] = ()
+    passthrough: str | None = None
+    saves: str = ""
+
+    def invoke(self, cfg: Any, options: Any = None) -> int:
+        return self.run(cfg, options) if self.options is not None else self.run(cfg)
+
+
+def beside(output: str | Path, suffix: str = ".config.yaml") -> Path:
+    """Where the resolved config of a command whose output is one file goes: next to it,
+    ``summaries.jsonl`` -> ``summaries.jsonl.config.yaml``."""
+    output = Path(output)
+    return output.with_name(output.name + suffix)
+
+
+def save_resolved(cfg: Any, path: str | Path, *, unset: Sequence[str] = ()) -> Path:
+    """Save ``cfg`` atomically as YAML at ``path`` (called once the command's inputs were
+    validated and its outputs written); ``bertforge CMD --config PATH`` runs it again."""
+    return save_config(cfg, path, unset=unset)
+
+
+__all__ = ["Command", "beside", "save_resolved"]

@@ -1,0 +1,105 @@
+"""Deployment commands: ``serve`` (HTTP with dynamic batching) and ``export`` (ONNX)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from bertforge.commands.base import Command, save_resolved
+from bertforge.core.schema import REQUIRED, check_fields, opt
+
+EXPORT_CONFIG_NAME = "export-config.yaml"
+DEFAULT_ATOL = 1e-4  # bertforge.export.onnx.DEFAULT_ATOL (that module imports torch)
+
+
+@dataclass
+class ServeConfig:
+    """``bertforge serve``; the back end explains each option (``bertforge.serve.serve``)."""
+
+    model: str = opt(REQUIRED, "A model directory (PyTorch) or a `bertforge export onnx` "
+                     "directory.")
+    host: str = opt("127.0.0.1", "Address to listen on (0.0.0.0 accepts other machines: set an "
+                    "API key).")
+    port: int = opt(8000, "TCP port (0: a free one).")
+    task: Optional[str] = opt(None, "question-answering, text-classification, "
+                              "token-classification, fill-mask, summarization or "
+                              "feature-extraction (default: from the model's config.json).")
+    backend: str = opt("torch", "torch, or onnxruntime on model.onnx / model.int8.onnx of an "
+                       "export.", choices=("torch", "onnx", "onnx-int8"))
+    api_key: Optional[str] = opt(None, "Require `Authorization: Bearer KEY` (or X-API-Key) on "
+                                 "/v1/* and /metrics (default: env BERTFORGE_API_KEY, else "
+                                 "open).")
+    max_batch_tokens: int = opt(8192, "Token budget of one model call (padded lengths summed).",
+                                minimum=1)
+    max_wait_ms: float = opt(5.0, "How long a request waits for others to join its batch.")
+    max_batch_items: int = opt(32, "Items per model call and per {\"inputs\": [...]} request "
+                               "(413 beyond).", minimum=1)
+    max_body_bytes: int = opt(1 << 20, "Largest request body (413 beyond).", minimum=1)
+    max_text_chars: int = opt(100_000, "Longest string in an item field (413 beyond).",
+                              minimum=1)
+    truncation: Optional[str] = opt(None, "Inputs over the model's length: 422 (error) or cut "
+                                    "and flagged (truncate); default: the task's (error; QA "
+                                    "windows, summaries cut).", choices=("error", "truncate"))
+    device: str = opt("auto", "auto (CUDA if available), cpu, cuda, cuda:N.")
+    no_embeddings: bool = opt(False, "Do not serve /v1/embeddings (it loads the encoder a "
+                              "second time).")
+    log_level: str = opt("info", "Log level.",
+                         choices=("critical", "error", "warning", "info", "debug"))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def run_serve(cfg: ServeConfig) -> int:
+    from bertforge.serve import serve
+
+    return serve(Path(cfg.model), host=cfg.host, port=cfg.port, task=cfg.task,
+                 backend=cfg.backend, api_key=cfg.api_key,
+                 max_batch_tokens=cfg.max_batch_tokens, max_wait_ms=cfg.max_wait_ms,
+                 max_batch_items=cfg.max_batch_items, max_body_bytes=cfg.max_body_bytes,
+                 max_text_chars=cfg.max_text_chars, truncation=cfg.truncation,
+                 device=cfg.device, embeddings=not cfg.no_embeddings, log_level=cfg.log_level)
+
+
+@dataclass
+class ExportConfig:
+    """``bertforge export``."""
+
+    what: str = opt(REQUIRED, "The format.", positional=True, choices=("onnx",))
+    model: str = opt(REQUIRED, "A model directory (BERT heads).")
+    output: str = opt(REQUIRED, "A new (or empty) output directory.")
+    opset: int = opt(17, "ONNX opset.", minimum=1)
+    quantize: Optional[str] = opt(None, "Also write model.int8.onnx (onnxruntime dynamic "
+                                  "quantization) and report the accuracy change.",
+                                  choices=("int8",))
+    sample: Optional[str] = opt(None, "Texts to check parity and the int8 change on, one per "
+                                "line (a pair or question/context separated by a tab).")
+    triton: bool = opt(False, "Also write a Triton Inference Server model repository "
+                       "(triton/).")
+    atol: float = opt(DEFAULT_ATOL, "Largest allowed |PyTorch - onnxruntime| difference of any "
+                      "output.")
+    exporter: str = opt("auto", "torch.onnx exporter: auto tries dynamo, then TorchScript.",
+                        choices=("auto", "dynamo", "torchscript"))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def run_export(cfg: ExportConfig) -> int:
+    from bertforge.export import export_onnx
+
+    report = export_onnx(Path(cfg.model), Path(cfg.output), opset=cfg.opset,
+                         quantize=cfg.quantize, sample=Path(cfg.sample) if cfg.sample else None,
+                         triton=cfg.triton, atol=cfg.atol, exporter=cfg.exporter)
+    save_resolved(cfg, Path(cfg.output) / EXPORT_CONFIG_NAME)
+    print(report.summary())
+    return 0
+
+
+SERVE = Command("serve", "Serve a model over HTTP (its task's endpoint, /v1/embeddings, "
+                "/health, /metrics, /docs, a page at /) with dynamic batching.", ServeConfig,
+                run_serve)
+EXPORT = Command("export", "Export a fine-tuned BERT to ONNX (parity-checked), optionally "
+                 "int8-quantized and as a Triton model repository.", ExportConfig, run_export,
+                 saves=f"OUTPUT/{EXPORT_CONFIG_NAME}")

@@ -1,0 +1,99 @@
+"""The one way commands load a model: a preset name or a model directory -> its family and config
+(config.json read once) -> the model class of the head the task needs -> the directory's weights,
+verified (every body weight present with its shape, floating-point, finite).
+
+Two steps, so that a run reads config.json once and can look at the config before it pays for
+the weights (sequence lengths, label names, memory checks)::
+
+    source = open_model(cfg.model)                 # family + config
+    model = load_model(source, "question-answering", device=device, new_heads=True)
+
+``new_heads`` is for fine-tuning: a head the files lack (or hold in another shape) starts fresh.
+Without it, as in predict, serve, generate and export, a missing head is an error: a model
+answering with random weights is worse than no answer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertforge.errors import ConfigError
+from bertforge.models.registry import FamilySpec, family_of_architecture, resolve_config
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model named by a preset or a directory, with its config read (once)."""
+
+    name: str
+    """What the user gave (a preset name or a path)."""
+    directory: Path | None
+    """The model directory, or None for a preset (a fresh model)."""
+    family: FamilySpec
+    config: Any
+
+    @property
+    def head(self) -> str | None:
+        """The head kind config.json's ``architectures`` names, if it names one we know."""
+        for name in getattr(self.config, "architectures", None) or ():
+            found = family_of_architecture(name)
+            if found is not None and found[0] is self.family:
+                return found[1]
+        return None
+
+    def replace(self, **overrides: Any) -> ModelSource:
+        """The same source with config fields replaced (labels, dropout, vocab size...)."""
+        if not overrides:
+            return self
+        return ModelSource(self.name, self.directory, self.family,
+                           self.config.replace(**overrides))
+
+
+def open_model(name_or_path: str | os.PathLike[str], key: str = "model") -> ModelSource:
+    """The family and config of a preset name, a config.json or a model directory. ``key``
+    names the setting in messages (``--model``, ``model``, ``init_from``)."""
+    text = str(name_or_path)
+    path = Path(text)
+    looks_like_path = os.sep in text or text.startswith(".") or path.suffix == ".json"
+    if looks_like_path and not path.exists():
+        raise ConfigError(f"{key}={text} does not exist; give a model directory, a config.json "
+                          "or a preset name")
+    family, config = resolve_config(path if path.exists() else text)
+    directory = path if path.is_dir() else None
+    return ModelSource(text, directory, family, config)
+
+
+def load_model(source: ModelSource, head: str, *, device: str | torch.device = "cpu",
+               new_heads: bool = False, seed: int | None = None,
+               nonfinite_remedy: str | None = None) -> Any:
+    """The ``head`` model of ``source`` with its weights on ``device``, in eval mode.
+
+    A preset (no directory) gives a freshly initialised model. ``seed`` fixes the initial
+    weights of whatever starts fresh. ``nonfinite_remedy`` replaces the advice given when the
+    weights hold NaN or inf (a training run points at its previous checkpoint)."""
+    cls = source.family.model_class(head)
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = cls(source.config)
+    if source.directory is not None:
+        extra = {} if nonfinite_remedy is None else {"nonfinite_remedy": nonfinite_remedy}
+        report = model.restore(source.directory, new_heads=new_heads, **extra)
+        head_weights = [k for k in report.initialized if not k.startswith(_OPTIONAL_PARTS)]
+        if head_weights and not new_heads:
+            raise ConfigError(
+                f"{source.directory} has no weights for the {head} head ({head_weights[0]}, "
+                f"...); give a model fine-tuned (or pretrained) for it")
+    return model.to(device).eval()
+
+
+# Parts a model may lack without being unfit for its task: BERT's pooler (a fill-mask or QA
+# model never uses it, and transformers omits it from such checkpoints).
+_OPTIONAL_PARTS = ("bert.pooler.", "pooler.")
+
+
+__all__ = ["ModelSource", "load_model", "open_model"]

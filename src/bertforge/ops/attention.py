@@ -1,0 +1,181 @@
+"""Bidirectional attention for either token layout: one entry point, :func:`attend`.
+
+A caller projects its states to queries, keys and values, splits the heads off the last axis
+(``x.unflatten(-1, (heads, head_dim))``) and passes the layout's ``attend`` value
+(``bertforge.ops.unpad``); this module picks the kernel:
+
+* padded rows, (B, S, heads, head_dim) with a (B, 1, 1 or S, S) bool keep mask or None:
+  ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch picks flash, memory-efficient
+  or math);
+* unpadded tokens, (T, heads, head_dim) with their ``TokenLayout``: a variable-length kernel,
+  attention within each sequence (:func:`varlen_attention`), by backend, best first:
+
+  * ``flash``: ``flash_attn.flash_attn_varlen_func`` (the flash-attn package, CUDA, fp16/bf16);
+  * ``nested``: PyTorch SDPA on nested tensors of the jagged layout, which runs PyTorch's own
+    fused varlen kernels on CUDA (flash, memory-efficient or cuDNN attention: no extra
+    package). The tensors carry the batch's shortest and longest sequence lengths (host ints
+    from the loader), so PyTorch's kernel checks read nothing back from the GPU. On a CPU
+    PyTorch has no fused kernel for them and falls back to a per-sequence math path (it reads
+    every length and warns about its strided nested layout): a correctness reference there,
+    never the default;
+  * ``padded``: the tokens scattered into padded rows, one per *sequence*, sequences of similar
+    length together (lengths rounded up to a multiple of ``BUCKET``, one SDPA call per width, a
+    key-padding mask where a row is not full), gathered back. Always available; the fastest on
+    CPU, where SDPA on nested tensors falls back to a per-sequence loop (measured ~10x slower,
+    docs/performance.md).
+
+The result has the shape of ``q``; ``out.flatten(-2)`` merges the heads again.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bertforge.core.limits import ATTENTION_BACKENDS as BACKENDS
+from bertforge.ops.unpad import TokenLayout
+
+Attend = torch.Tensor | TokenLayout | None
+"""What attention reads besides q, k, v: a padded keep mask (or None: every key visible) for
+(B, S, heads, head_dim) inputs, or the ``TokenLayout`` of (T, heads, head_dim) inputs."""
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, where: Attend,
+           dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
+    """Bidirectional attention, within each sequence: q, k, v (B, S, heads, head_dim) with a
+    keep mask (True = may attend) or None, or (T, heads, head_dim) with their ``TokenLayout``
+    -> the shape of q. ``backend`` (``BACKENDS``) picks the kernel for unpadded tokens."""
+    if isinstance(where, TokenLayout):
+        return varlen_attention(q, k, v, where, dropout_p, backend)
+    # (B, S, heads, head_dim) -> (B, heads, S, head_dim), SDPA's layout, and back
+    q, k, v = (x.transpose(-3, -2) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=where, dropout_p=dropout_p)
+    return out.transpose(-3, -2)
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_varlen():
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The backend ``auto`` means on ``device`` for ``dtype``; a named one is checked."""
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend {name!r} is not one of {', '.join(BACKENDS)}")
+    half = dtype in (torch.float16, torch.bfloat16)
+    if name == "flash" and (_flash_varlen() is None or device.type != "cuda" or not half):
+        raise ValueError("the flash backend needs the flash-attn package, a CUDA device and "
+                         "fp16/bf16 activations; use backend auto")
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "flash" if half and _flash_varlen() is not None else "nested"
+    return "padded"
+
+
+@torch.compiler.disable  # a kernel call on data-dependent layouts: eager between compiled regions
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+                     dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
+    """Bidirectional attention within each sequence: q, k, v (T, heads, head_dim) -> same shape."""
+    backend = resolve_backend(backend, q.device, q.dtype)
+    if backend == "flash":
+        cu = layout.cu_seqlens
+        return _flash_varlen()(q, k, v, cu, cu, layout.max_seqlen, layout.max_seqlen,
+                               dropout_p=dropout_p)
+    if backend == "nested":
+        return _nested_attention(q, k, v, layout, dropout_p)
+    return _bucketed_attention(q, k, v, layout, dropout_p)
+
+
+def nested_heads(x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """(T, heads, head_dim) -> a jagged nested tensor (N, heads, j, head_dim) that knows its
+    shortest and longest sequence, so SDPA's kernel selection reads no length from the device."""
+    if layout.offsets is None:  # int64 offsets, made once per batch and shared by every layer
+        layout.offsets = layout.cu_seqlens.long()
+    return torch.nested.nested_tensor_from_jagged(
+        x, offsets=layout.offsets, min_seqlen=layout.min_seqlen,
+        max_seqlen=layout.max_seqlen).transpose(1, 2)
+
+
+def _nested_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+                      dropout_p: float) -> torch.Tensor:
+    """The ``nested`` backend: SDPA on jagged nested tensors, PyTorch's fused varlen kernels on
+    CUDA."""
+    with warnings.catch_warnings():
+        # CPU only: PyTorch's math fallback for jagged inputs converts them to its prototype
+        # strided nested layout and says so on every call (no fused CPU kernel exists).
+        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in "
+                                "prototype stage", category=UserWarning)
+        out = F.scaled_dot_product_attention(nested_heads(q, layout), nested_heads(k, layout),
+                                             nested_heads(v, layout), dropout_p=dropout_p)
+    return out.transpose(1, 2).values()
+
+
+BUCKET = 32
+"""Width granularity of the padded backend: sequences padded to the next multiple of 32 tokens,
+each width its own SDPA call."""
+
+
+@dataclass
+class _Bucket:
+    rows: int             # sequences in the bucket
+    width: int            # their padded length
+    tokens: torch.Tensor  # (n,) indices into the T tokens
+    slots: torch.Tensor   # (n,) positions in the (rows * width) buffer
+    keep: torch.Tensor | None  # (rows, 1, 1, width) key mask; None when every row is full
+
+
+def _buckets(layout: TokenLayout, device: torch.device) -> list[_Bucket]:
+    """Sequences grouped by length rounded up to ``BUCKET`` (host arithmetic on the lengths: free
+    when the layout came from the loader on the CPU, one sync for a layout on a GPU)."""
+    cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
+    lengths = np.diff(cu)
+    widths = -(-lengths // BUCKET) * BUCKET
+    out = []
+    for width in np.unique(widths).tolist():  # a loop over a handful of widths
+        members = np.flatnonzero(widths == width)
+        lens = lengths[members]
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        tokens = np.repeat(cu[members], lens) + within
+        slots = np.repeat(np.arange(len(members)) * width, lens) + within
+        keep = None
+        if (lens != width).any():
+            mask = np.arange(width)[None, :] < lens[:, None]
+            keep = torch.from_numpy(mask).to(device)[:, None, None, :]
+        out.append(_Bucket(len(members), width, torch.from_numpy(tokens).to(device),
+                           torch.from_numpy(slots).to(device), keep))
+    return out
+
+
+def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+                        dropout_p: float) -> torch.Tensor:
+    """The ``padded`` backend: one padded row per *sequence* (so packed rows stay
+    block-diagonal), sequences of similar length batched together so that a short sequence is
+    not padded to the batch's longest."""
+    if layout.buckets is None:
+        layout.buckets = _buckets(layout, q.device)
+    out = torch.zeros_like(q)
+    for b in layout.buckets:
+        def spread(x: torch.Tensor) -> torch.Tensor:  # (T, h, d) -> (rows, h, width, d)
+            buf = x.new_zeros((b.rows * b.width, *x.shape[1:]))
+            buf = buf.index_copy(0, b.slots, x.index_select(0, b.tokens))
+            return buf.view(b.rows, b.width, *x.shape[1:]).transpose(1, 2)
+
+        context = F.scaled_dot_product_attention(spread(q), spread(k), spread(v),
+                                                 attn_mask=b.keep, dropout_p=dropout_p)
+        flat = context.transpose(1, 2).reshape(b.rows * b.width, *q.shape[1:])
+        out = out.index_copy(0, b.tokens, flat.index_select(0, b.slots))
+    return out
+
+
+__all__ = ["Attend", "BACKENDS", "BUCKET", "attend", "nested_heads", "resolve_backend",
+           "varlen_attention"]

@@ -1,0 +1,133 @@
+"""BERT pretraining (masked LM, with NSP or SOP on sentence pairs) as a task of the one runner.
+
+This file decides the head (MLM + NSP/SOP, or MLM only when the data has no sentence pairs),
+the loss, and what validation reports; the starting weights and validation pass are shared with
+BART's denoising (``bertforge.tasks.stream``), and the runner does the rest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.config import PretrainConfig
+from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
+from bertforge.errors import ConfigError
+from bertforge.ops.unpad import layout_from_batch
+from bertforge.tasks.stream import (check_data_vocab, evaluate_stream, starting_model,
+                                    weights_source)
+from bertforge.train.data import PreparedData, open_pretrain_data
+from bertforge.train.distributed import DistInfo
+from bertforge.train.flops import batch_train_flops
+
+
+def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
+    """MLM cross-entropy at the masked positions only (+ NSP/SOP when the batch has labels).
+
+    The loader's batches say where the predicted tokens are (``mlm_positions``) and carry
+    their ``TokenLayout``, so this loss and the model need no host-device sync; a batch without
+    them (e.g. made by hand) costs the syncs of finding them.
+    """
+    labels = batch["mlm_labels"]
+    masked = batch.get("mlm_positions")            # (N,) flat positions, row-major
+    if masked is None:
+        masked = labels.ne(IGNORE_INDEX)           # (B, S)
+        target = labels[masked]
+    else:
+        target = labels.reshape(-1).index_select(0, masked)  # (N,) in the head's order
+    out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"], masked_positions=masked,
+                position_ids=batch.get("position_ids"), layout=layout_from_batch(batch))
+    logits = getattr(out, "mlm_logits", None)
+    logits = (out.logits if logits is None else logits).float()   # (N, V), N = masked tokens
+    mlm_loss = F.cross_entropy(logits, target)
+    stats = {"mlm_loss": mlm_loss.detach(),
+             "mlm_acc": (logits.detach().argmax(-1) == target).float().mean()}
+    loss = mlm_loss
+    nsp_logits = getattr(out, "nsp_logits", None)
+    if nsp_logits is not None:
+        nsp_loss = F.cross_entropy(nsp_logits.float(), batch["nsp_labels"],
+                                   ignore_index=IGNORE_INDEX)
+        loss = loss + nsp_loss
+        stats["nsp_loss"] = nsp_loss.detach()
+    stats["loss"] = loss.detach()
+    # real tokens / row slots: what padding (or packing) leaves of a padded layout's work
+    stats["row_fill"] = batch["attention_mask"].float().mean()
+    return LossOutput(loss, stats, sequences=int(batch["nsp_labels"].shape[0]),
+                      tokens=real_tokens(batch))
+
+
+class PretrainTask:
+    """MLM (+ NSP/SOP) on prepared data; validation loss and MLM accuracy on its held-out split."""
+
+    name = "pretraining"
+    init_key = "init_from"
+    supports_fsdp = True
+    stat_keys: tuple[str, ...] = ("loss", "mlm_loss", "mlm_acc")  # validation reports val_<key>
+
+    def __init__(self, cfg: PretrainConfig, info: DistInfo, spec: Any,
+                 prepared: PreparedData) -> None:
+        # ``spec``: the task's record (``bertforge.tasks.registry``), given by the command.
+        self.cfg, self.info, self.spec = cfg, info, spec
+        self.data = open_pretrain_data(cfg, info, prepared)
+        self.train = self.data.train
+        self.tokenizer = self.data.tokenizer
+        self.phase = cfg.phase
+
+    @property
+    def has_validation(self) -> bool:
+        return self.data.has_validation
+
+    def total_steps(self) -> int:
+        return self.cfg.train.max_steps
+
+    def build_model(self, resume_from: Path | None) -> nn.Module:
+        """The checkpoint being resumed, else ``init_from`` weights, else a fresh model that
+        takes vocabulary size, casing and [PAD] id from the prepared data."""
+        source = weights_source(self.cfg, resume_from)
+        if source.family.seq2seq:
+            raise ConfigError(f"model {source.name} is a {source.family.name} model but the data "
+                              f"at {self.cfg.data.path} is not denoising data; prepare it with "
+                              "`bertforge prepare --objective denoise` (and a BPE vocabulary), "
+                              "or choose a BERT model")
+        if source.directory is not None:
+            check_data_vocab(source, self.data, self.cfg)
+        else:
+            data = self.data
+            source = source.replace(**{k: v for k, v in (
+                ("vocab_size", data.vocab_size), ("do_lower_case", data.do_lower_case),
+                ("pad_token_id", data.pad_id)) if v is not None})
+        head = "pretraining" if self.data.has_pairs else "masked-lm"
+        return starting_model(source, head, self.cfg, self.data, self.info.device)
+
+    def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
+        return pretraining_loss(model, batch)
+
+    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
+        return evaluate_stream(model, self.data, self.info, self.cfg.train.eval_batches,
+                               autocast, self.loss, self.stat_keys)
+
+    def batch_flops(self, model: nn.Module, batch: Batch) -> float:
+        return batch_train_flops(model.config, batch["attention_mask"],
+                                 batch["mlm_labels"].ne(IGNORE_INDEX), self.data.has_pairs,
+                                 layout_from_batch(batch))
+
+    def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
+        return validation  # the final checkpoint is the product
+
+    def describe(self, last: dict, validation: dict) -> list[str]:
+        lines = []
+        if last:
+            lines.append(f"  last loss    {last.get('loss', float('nan')):.4f} "
+                         f"(mlm {last.get('mlm_loss', float('nan')):.4f}, "
+                         f"mlm acc {last.get('mlm_acc', float('nan')):.3f})")
+        if validation:
+            lines.append(f"  validation   loss {validation['val_loss']:.4f}, "
+                         f"mlm acc {validation['val_mlm_acc']:.3f}")
+        return lines
+
+
+__all__ = ["PretrainTask", "pretraining_loss"]

@@ -1,0 +1,105 @@
+"""What the two pretraining tasks share (BERT's masked LM, ``tasks/mlm.py``, and BART's
+denoising, ``tasks/denoise.py``): validation over the held-out split of prepared data, and the
+starting weights (the checkpoint being resumed, ``init_from``, or a fresh model shaped by the
+data's vocabulary). Neither task derives from the other; both use these functions."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Callable, ContextManager
+
+import torch
+from torch import nn
+
+from bertforge.config import PretrainConfig
+from bertforge.data.batch import Batch, LossOutput, to_device
+from bertforge.errors import ConfigError
+from bertforge.models.loading import ModelSource, load_model, open_model
+from bertforge.train.data import PretrainData
+from bertforge.train.distributed import DistInfo, all_reduce_sum
+from bertforge.train.guards import check_model_fits, check_vocab, explain_oom
+from bertforge.train.resume import previous_checkpoint, verify_model_files
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def evaluate_stream(model: nn.Module, data: PretrainData, info: DistInfo, num_batches: int,
+                    autocast: Callable[[], ContextManager],
+                    loss: Callable[[nn.Module, Batch], LossOutput],
+                    keys: tuple[str, ...]) -> dict[str, float]:
+    """Means of the ``loss`` stats ``keys`` (as ``val_<key>``) over the first ``num_batches``
+    validation micro-batches, the same batches at every evaluation."""
+    model.eval()
+    totals = torch.zeros(len(keys) + 1, device=info.device)   # the stats, batches
+    for i, batch in enumerate(data.validation_batches()):
+        if i == num_batches:
+            break
+        with autocast():
+            stats = loss(model, to_device(batch, info.device)).stats
+        totals += torch.stack([*(stats[k] for k in keys), torch.ones((), device=info.device)])
+    totals = all_reduce_sum(totals)
+    n = max(float(totals[-1]), 1.0)
+    return {f"val_{k}": float(totals[i]) / n for i, k in enumerate(keys)}
+
+
+def weights_source(cfg: PretrainConfig, resume_from: Path | None) -> ModelSource:
+    """Where the starting weights come from: the checkpoint being resumed (verified whole by
+    ``resolve_resume``), ``init_from`` (its model files verified here), or none: the ``model``
+    preset or config shapes a fresh model. config.json is read once."""
+    if resume_from is not None:
+        return open_model(resume_from, "resume")
+    if cfg.init_from:
+        source = open_model(cfg.init_from, "init_from")
+        if source.directory is None:
+            raise ConfigError(f"init_from={cfg.init_from} is not a model directory; give a "
+                              "checkpoint (e.g. runs/phase1/checkpoint-7038)")
+        verify_model_files(source.directory)
+        return source
+    # ``model`` gives the shape only (a preset, a config.json or a model directory's config):
+    # training starts from fresh weights.
+    return dataclasses.replace(open_model(cfg.model), directory=None)
+
+
+def check_data_vocab(source: ModelSource, data: PretrainData, cfg: PretrainConfig) -> None:
+    """A model with weights must have the data's vocabulary: the same size, and (where both
+    sides record their tokens) the same tokens."""
+    if source.directory is None:
+        return
+    size = data.vocab_size or (data.tokenizer.vocab_size if data.tokenizer else None)
+    if size and source.config.vocab_size != size:
+        raise ConfigError(
+            f"{source.directory} has vocab_size {source.config.vocab_size} but the data at "
+            f"{cfg.data.path} was prepared with {size} tokens; prepare the data with the "
+            "model's vocab")
+    if not check_vocab(source.directory, data.vocab_tokens, cfg.data.path):
+        log.warning("cannot compare the vocabulary of %s with the data's (one side has no "
+                    "vocab.txt/tokenizer.json); only the sizes were checked", source.directory)
+
+
+def starting_model(source: ModelSource, head: str, cfg: PretrainConfig, data: PretrainData,
+                   device: torch.device) -> nn.Module:
+    """The ``head`` model of ``source`` with its (finite) weights, or fresh from ``train.seed``
+    for a preset, on ``device``; refuses data longer than the model's positions and a model
+    that cannot fit in the device's memory."""
+    config = source.config
+    positions = config.max_position_embeddings
+    if data.max_seq_length and data.max_seq_length > positions:
+        raise ConfigError(
+            f"the data at {cfg.data.path} has sequences of up to {data.max_seq_length} tokens but "
+            f"the model has {positions} positions; prepare with --max-seq-length {positions} or "
+            f"use a model with more positions")
+    name = str(source.directory or source.name)
+    check_model_fits(config, device, name)
+    older = previous_checkpoint(source.directory) if source.directory is not None else None
+    remedy = (f"resume from the previous complete checkpoint instead: resume={older}" if older
+              else "start from another checkpoint, or from scratch with resume=none")
+    with explain_oom(config, device, name):
+        model = load_model(source, head, device=device, seed=cfg.train.seed,
+                           nonfinite_remedy=remedy)
+    return model.train()
+
+
+__all__ = ["check_data_vocab", "evaluate_stream", "starting_model", "weights_source"]
