@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from bertforge.config import PretrainConfig, load_config
-from bertforge.data.loader import masking_spec
+from bertforge.data.collate.mlm import masking_spec
 from bertforge.data.prepare_config import PrepareConfig
 from bertforge.errors import ConfigError
 from bertforge.optim import Lamb, build_optimizer, build_scheduler

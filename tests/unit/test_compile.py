@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge.data.loader import collate_rows
+from bertforge.data.collate.mlm import collate_rows
 from bertforge.models import BertConfig, BertForPreTraining
 from bertforge.tasks.pretrain import pretraining_loss
 from bertforge.train.parallelize import (compile_layers, set_gradient_checkpointing,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge.data.loader import collate_rows
+from bertforge.data.collate.mlm import collate_rows
 from bertforge.models import BertConfig, BertForPreTraining
 from bertforge.ops.unpad import LAYOUT_KEYS
 from bertforge.optim import build_optimizer, build_scheduler

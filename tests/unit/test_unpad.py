@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge.data.loader import collate_rows
+from bertforge.data.collate.mlm import collate_rows
 from bertforge.data.packing import first_fit_decreasing, packing_efficiency
 from bertforge.models import BertConfig, BertForMaskedLM, BertForPreTraining
 from bertforge.models.bart import BartForConditionalGeneration

@@ -17,7 +17,7 @@ import numpy as np
 
 from bertforge.data import native
 from bertforge.data.batch import IGNORE_INDEX
-from bertforge.data.loader import MicroBatchMaker, masking_spec
+from bertforge.data.collate.mlm import MicroBatchMaker, masking_spec
 from bertforge.errors import DataError
 
 _NSP_NAMES = {0: "IsNext / in order", 1: "random next / swapped", -1: "no pair objective"}

@@ -16,7 +16,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 import torch
 
-from bertforge.data.seq2seq import pad_rows
+from bertforge.data.collate.seq2seq import pad_rows
 from bertforge.errors import ConfigError
 from bertforge.models.generation import GenerationConfig, generate
 

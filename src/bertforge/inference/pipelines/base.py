@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from bertforge.data.finetuning.labels import LabelMap
-from bertforge.data.seq2seq import pad_rows
+from bertforge.data.collate.seq2seq import pad_rows
 from bertforge.models.registry import family_of_config
 from bertforge.tokenization import BertTokenizer, Window
 from bertforge.train.precision import Precision
