@@ -274,3 +274,23 @@ def test_two_gloo_ranks_match_one_process(tiny, tmp_path: Path, child_env) -> No
     ranked = json.loads((tmp_path / "two" / "eval_results.json").read_text())
     assert ranked["total"] == single.validation["total"]
     assert ranked["f1"] == pytest.approx(single.validation["f1"], abs=1e-6)
+
+
+def test_a_run_reads_the_models_config_once(tiny_bert: Path, tmp_path: Path,
+                                            monkeypatch) -> None:
+    """One loader: a fine-tuning run parses the starting model's config.json once (it used to
+    parse it five times in a SQuAD run: the task check, the sequence length, the task's own
+    reading, the config, the weights)."""
+    import bertforge.models.config_base as config_base
+
+    real, parsed = config_base.read_config_file, []
+
+    def counting(path):
+        parsed.append(Path(path))
+        return real(path)
+
+    monkeypatch.setattr(config_base, "read_config_file", counting)
+    import bertforge.models.registry as registry
+    monkeypatch.setattr(registry, "read_config_file", counting)
+    run(tiny_bert, tmp_path / "squad", "squad-v1")
+    assert parsed.count(tiny_bert / "config.json") == 1, parsed

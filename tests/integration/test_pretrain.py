@@ -222,3 +222,20 @@ def test_tensorboard_events_are_written(tmp_path: Path, tiny_config) -> None:
     events.Reload()
     assert [e.step for e in events.Scalars("loss")] == [2, 4]
     assert {"mlm_loss", "lr", "grad_norm", "val_loss"} <= set(events.Tags()["scalars"])
+
+
+def test_a_run_reads_the_data_manifest_once(tmp_path: Path, tiny, tiny_config,
+                                            monkeypatch) -> None:
+    """The prepared data's manifest.json is read once per run (six times before): the task is
+    chosen by its objective and the train and validation streams share it."""
+    import bertforge.data.native as native
+
+    real, reads = native.read_manifest, []
+
+    def counting(path, **kwargs):
+        reads.append(Path(path))
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(native, "read_manifest", counting)
+    pretrain(tiny_config(tmp_path, "--train.max_steps=2", "--train.eval_batches=2"))
+    assert len(reads) == 1, reads

@@ -18,11 +18,16 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence, TextIO
 
 from bertforge.errors import DataError, UserError
-from bertforge.tasks.registry import predict_modes
+from bertforge.tasks.registry import get_task, predict_modes
 
 MODES = predict_modes()
 """``bertforge predict`` mode -> task (the task registry's ``predict_mode`` of each task)."""
 PIPE_BATCH = 32  # stdin lines answered per batch when stdin is not a terminal
+
+
+def _question_mode() -> str:
+    return next(m for m, task in MODES.items()
+                if get_task(task).serving.form == "question-context")
 
 
 def _read_context(context: str | None, context_file: str | None) -> str:
@@ -40,28 +45,9 @@ def _read_context(context: str | None, context_file: str | None) -> str:
         raise DataError(f"--context-file {path} is not UTF-8 text") from None
 
 
-def format_result(mode: str, result: dict) -> str:
+def format_result(pipeline: Any, result: dict) -> str:
     """One human-readable line (one line per mask for fill-mask) of a pipeline result."""
-    if mode == "qa":
-        if not result["answer"]:
-            line = f"(no answer)  score {result['score']:.4f}"
-        else:
-            line = (f"{result['answer']}  score {result['score']:.4f}, characters "
-                    f"{result['start']}-{result['end']}")
-    elif mode == "classify":
-        line = (f"{result['label']}  {result['score']:.4f}" if "label" in result
-                else f"score {result['score']:.4f}")
-    elif mode == "tag":
-        line = " ".join(f"{e['word']}/{e['tag']}" for e in result["entities"]) or "(no entities)"
-    elif mode == "fill-mask":
-        line = "\n".join("  ".join(f"{c['token']} {c['score']:.4f}" for c in candidates)
-                         for candidates in result["masks"])
-    elif mode == "summarize":
-        line = result["summary"]
-    else:
-        vector = result["embedding"]
-        shown = ", ".join(f"{x:.4f}" for x in vector[:6])
-        line = f"[{shown}, ...] ({len(vector)} dimensions, {result['pooling']} pooling)"
+    line = pipeline.format_line(result)
     return line + ("  (input truncated)" if result.get("truncated") else "")
 
 
@@ -94,24 +80,27 @@ def run_predict(mode: str, model: str | Path, *, question: str | None = None,
     """
     from bertforge.inference.pipelines import InputError, load_pipeline
 
-    if mode != "qa" and (question is not None or context is not None or context_file):
-        raise UserError("--question, --context and --context-file belong to predict qa")
-    if mode == "qa" and texts:
-        raise UserError("predict qa takes --question (and reads more from stdin), not --text")
-    passage = _read_context(context, context_file) if mode == "qa" else None
+    # Question answering asks about one passage; every other task takes texts (its form).
+    asks = get_task(MODES[mode]).serving.form == "question-context"
+    if not asks and (question is not None or context is not None or context_file):
+        raise UserError(f"--question, --context and --context-file belong to predict "
+                        f"{_question_mode()}, not {mode}")
+    if asks and texts:
+        raise UserError(f"predict {mode} takes --question (and reads more from stdin), not --text")
+    passage = _read_context(context, context_file) if asks else None
     pipeline = load_pipeline(model, MODES[mode], device=device, precision=precision,
                              max_length=max_length, truncation=truncation, **(options or {}))
     extra = dict(fields or {})
+    key = "question" if asks else "text"
 
     def item(text: str) -> dict[str, Any]:
-        return {"question": text, "context": passage} if mode == "qa" else {"text": text, **extra}
+        return {"question": text, "context": passage} if asks else {"text": text, **extra}
 
     def emit(text: str, result: dict) -> None:
         if as_json:
-            key = "question" if mode == "qa" else "text"
             stdout.write(json.dumps({key: text, **result}, ensure_ascii=False) + "\n")
         else:
-            stdout.write(format_result(mode, result) + "\n")
+            stdout.write(format_result(pipeline, result) + "\n")
         stdout.flush()
 
     def answer(batch: list[tuple[str, str]]) -> None:
@@ -131,7 +120,7 @@ def run_predict(mode: str, model: str | Path, *, question: str | None = None,
                     for i, t in enumerate(given[start:start + PIPE_BATCH])])
         return 0
     interactive = stdin.isatty()
-    prompt = ("question> " if mode == "qa" else "text> ") if interactive else None
+    prompt = f"{key}> " if interactive else None
     pending: list[tuple[str, str]] = []
     for number, text in _lines(stdin, prompt, stderr):
         if interactive:

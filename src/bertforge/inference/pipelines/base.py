@@ -127,6 +127,9 @@ class Pipeline(ABC):
     """The fields of a request item (the request schema; ``parse`` checks each)."""
     options: ClassVar[tuple[str, ...]] = ()
     default_truncation: ClassVar[str] = "error"
+    windowed: ClassVar[bool] = False
+    """Inputs are cut into windows of the task's training length (question answering), not
+    encoded whole up to the model's positions."""
 
     task: str                  # the canonical task name (bertforge.tasks.registry)
     model: Any                 # the PyTorch model, or a backend with the same call and outputs
@@ -138,6 +141,12 @@ class Pipeline(ABC):
     max_length: int            # tokens per sequence (pair), special tokens included
     truncation: str            # "error" or "truncate"
     backend: str = "pytorch"
+
+    @classmethod
+    def run_settings(cls, run: Any) -> dict[str, Any]:
+        """Options taken from the fine-tuning run that wrote the model (its config.yaml, a
+        ``FinetuneConfig``); ``max_length`` among them sets the default input length."""
+        return {}
 
     @abstractmethod
     def parse(self, item: Mapping[str, Any]) -> Any:
@@ -163,6 +172,11 @@ class Pipeline(ABC):
     @abstractmethod
     def example(self) -> dict:
         """A valid request item, for documentation."""
+
+    @abstractmethod
+    def format_line(self, result: dict) -> str:
+        """A result as ``bertforge predict MODE`` prints it for people (one line, one per mask
+        for fill-mask), without the truncation note."""
 
     # -- shared machinery ---------------------------------------------------------------------
     @property

@@ -55,6 +55,10 @@ class TextClassificationPipeline(Pipeline):
     def example(self) -> dict:
         return {"text": "A gripping, beautifully shot film."}
 
+    def format_line(self, result: dict) -> str:
+        return (f"{result['label']}  {result['score']:.4f}" if "label" in result
+                else f"score {result['score']:.4f}")
+
 
 # --- token classification ------------------------------------------------------------------------
 
@@ -104,6 +108,9 @@ class TokenClassificationPipeline(Pipeline):
 
     def example(self) -> dict:
         return {"text": "Marie Curie worked in Paris."}
+
+    def format_line(self, result: dict) -> str:
+        return " ".join(f"{e['word']}/{e['tag']}" for e in result["entities"]) or "(no entities)"
 
 
 # --- fill-mask -----------------------------------------------------------------------------------
@@ -173,6 +180,10 @@ class FillMaskPipeline(Pipeline):
     def example(self) -> dict:
         return {"text": f"The capital of France is {self.mask_token}.", "top_k": self.top_k}
 
+    def format_line(self, result: dict) -> str:
+        return "\n".join("  ".join(f"{c['token']} {c['score']:.4f}" for c in candidates)
+                         for candidates in result["masks"])
+
 
 # --- feature extraction --------------------------------------------------------------------------
 
@@ -216,5 +227,10 @@ class FeatureExtractionPipeline(Pipeline):
 
     def example(self) -> dict:
         return {"text": "A sentence to embed."}
+
+    def format_line(self, result: dict) -> str:
+        vector = result["embedding"]
+        shown = ", ".join(f"{x:.4f}" for x in vector[:6])
+        return f"[{shown}, ...] ({len(vector)} dimensions, {result['pooling']} pooling)"
 
 

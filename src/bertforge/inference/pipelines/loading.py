@@ -67,20 +67,16 @@ def _load_model(spec: TaskSpec, source: ModelSource, device: torch.device) -> An
     return model.encoder if spec.name == "feature-extraction" and source.family.seq2seq else model
 
 
-def _run_settings(model_dir: Path, spec: TaskSpec) -> dict[str, Any]:
-    """QA window and n-best settings of the run that wrote ``model_dir`` (its config.yaml)."""
+def _run_settings(model_dir: Path, spec: TaskSpec, cls: type[Pipeline]) -> dict[str, Any]:
+    """The pipeline options the fine-tuning run that wrote ``model_dir`` recorded for this task
+    (its config.yaml); none when the run trained another task or there is no config.yaml."""
     path = model_dir / "config.yaml"
-    if not path.is_file() or spec.name != "question-answering":
+    if not path.is_file():
         return {}
     from bertforge.config import FinetuneConfig, load_config
 
-    cfg = load_config(FinetuneConfig, path)
-    if get_task(cfg.task).name != spec.name:
-        return {}
-    return {"max_length": cfg.data.max_seq_length or spec.max_length,
-            "doc_stride": cfg.data.doc_stride, "max_query_length": cfg.data.max_query_length,
-            "n_best_size": cfg.eval.n_best_size, "max_answer_length": cfg.eval.max_answer_length,
-            "null_score_diff_threshold": cfg.eval.null_score_diff_threshold}
+    run = load_config(FinetuneConfig, path)
+    return cls.run_settings(run) if get_task(run.task).name == spec.name else {}
 
 
 def _device(name: str) -> torch.device:
@@ -135,10 +131,10 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     except DataError as exc:
         raise ConfigError(f"model {model_dir}: {exc}") from None
     positions = config.max_position_embeddings
-    settings = _run_settings(model_dir, spec)
+    settings = _run_settings(model_dir, spec, cls)
     run_length = settings.pop("max_length", None)
     limit = max_length or run_length or (
-        spec.max_length if spec.name == "question-answering" else tokenizer.model_max_length)
+        spec.max_length if cls.windowed else tokenizer.model_max_length)
     if max_length is not None and not 3 <= max_length <= positions:
         raise ConfigError(f"max_length={max_length} must be between 3 and the model's "
                           f"{positions} positions")
@@ -149,8 +145,6 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
         target = torch.device(getattr(backend, "device", target))
     model = backend if backend is not None else _load_model(spec, source, target)
     extra: dict[str, Any] = {**settings, **options}
-    if spec.name == "question-answering":
-        extra["version_2"] = config.finetuning_task == "squad_v2"
     return cls(task=spec.name, model=model, tokenizer=tokenizer, model_dir=model_dir,
                config=config, device=target,
                # onnxruntime computes in the exported fp32 (or int8): torch's autocast has no say

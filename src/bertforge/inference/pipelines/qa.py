@@ -36,9 +36,23 @@ class QuestionAnsweringPipeline(Pipeline):
     max_answer_length: int = 30
     null_score_diff_threshold: float = 0.0
     max_windows: int = 64      # windows per forward pass
-    version_2: bool = False    # SQuAD 2.0 model: may answer "no answer"
+    version_2: bool | None = None  # SQuAD 2.0 model, may answer "no answer" (None: config.json)
+    windowed: ClassVar[bool] = True
+
+    @classmethod
+    def run_settings(cls, run: Any) -> dict[str, Any]:
+        """Window and n-best settings of the fine-tuning run that wrote the model (its
+        config.yaml, a ``FinetuneConfig``), so a prediction cuts and reads a context as
+        evaluation did."""
+        data, e = run.data, run.eval
+        settings = {"doc_stride": data.doc_stride, "max_query_length": data.max_query_length,
+                    "n_best_size": e.n_best_size, "max_answer_length": e.max_answer_length,
+                    "null_score_diff_threshold": e.null_score_diff_threshold}
+        return {**settings, "max_length": data.max_seq_length} if data.max_seq_length else settings
 
     def __post_init__(self) -> None:
+        if self.version_2 is None:
+            self.version_2 = self.config.finetuning_task == "squad_v2"
         # Checks the window settings now (ConfigError), not at the first request.
         qa_features([], self.tokenizer, max_seq_length=self.max_length,
                      doc_stride=self.doc_stride, max_query_length=self.max_query_length,
@@ -103,5 +117,11 @@ class QuestionAnsweringPipeline(Pipeline):
     def example(self) -> dict:
         return {"question": "Where is the Eiffel Tower?",
                 "context": "The Eiffel Tower is a wrought-iron tower in Paris, France."}
+
+    def format_line(self, result: dict) -> str:
+        if not result["answer"]:
+            return f"(no answer)  score {result['score']:.4f}"
+        return (f"{result['answer']}  score {result['score']:.4f}, characters "
+                f"{result['start']}-{result['end']}")
 
 

@@ -89,4 +89,7 @@ class SummarizationPipeline(Pipeline):
         return {"text": "The city council met on Monday and approved the new budget, which "
                         "raises spending on schools and parks.", "num_beams": 4}
 
+    def format_line(self, result: dict) -> str:
+        return result["summary"]
+
 
