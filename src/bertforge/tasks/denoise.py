@@ -12,7 +12,7 @@ validation pass are shared with BERT's pretraining (``bertforge.tasks.stream``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 import torch.nn.functional as F
 from torch import nn
@@ -24,9 +24,8 @@ from bertforge.data.masking import normalize_special_ids
 from bertforge.data.noising import NoiseVocab
 from bertforge.errors import ConfigError
 from bertforge.ops.unpad import layout_from_batch
-from bertforge.tasks.stream import (check_data_vocab, evaluate_stream, starting_model,
-                                    weights_source)
-from bertforge.train.data import PreparedData, open_pretrain_data
+from bertforge.tasks.stream import CorpusTask, check_data_vocab, starting_model, weights_source
+from bertforge.train.data import PreparedData
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import seq2seq_train_flops
 
@@ -67,18 +66,14 @@ def seq2seq_batch_flops(config: Any, batch: Batch) -> float:
                                batch["labels"].ne(IGNORE_INDEX).sum(1))
 
 
-class DenoiseTask:
+class DenoiseTask(CorpusTask):
     """BART denoising on ``--objective denoise`` data; validation reconstruction loss."""
 
     name = "denoising"
-    init_key = "init_from"
-    supports_fsdp = True
     stat_keys = ("loss", "token_acc")
 
     def __init__(self, cfg: PretrainConfig, info: DistInfo, spec: Any,
                  prepared: PreparedData) -> None:
-        # ``spec``: the task's record (``bertforge.tasks.registry``), given by the command.
-        self.cfg, self.info, self.spec = cfg, info, spec
         if prepared.tokenizer is None:
             raise ConfigError(f"{cfg.data.path}: denoising data must come from `bertforge "
                               "prepare` (its tokenizer is saved with it)")
@@ -96,17 +91,7 @@ class DenoiseTask:
                                        vocab=noise_vocab(tokenizer), pad_id=tokenizer.pad_id,
                                        max_source_length=positions)
 
-        self.data = open_pretrain_data(cfg, info, prepared, make_batch)
-        self.train = self.data.train
-        self.tokenizer = self.data.tokenizer
-        self.phase = cfg.phase
-
-    @property
-    def has_validation(self) -> bool:
-        return self.data.has_validation
-
-    def total_steps(self) -> int:
-        return self.cfg.train.max_steps
+        super().__init__(cfg, info, spec, prepared, make_batch)
 
     def build_model(self, resume_from: Path | None) -> nn.Module:
         """The checkpoint being resumed, else ``init_from`` weights, else a fresh model whose
@@ -125,15 +110,8 @@ class DenoiseTask:
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
         return seq2seq_loss(model, batch)
 
-    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
-        return evaluate_stream(model, self.data, self.info, self.cfg.train.eval_batches,
-                               autocast, self.loss, self.stat_keys)
-
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return seq2seq_batch_flops(model.config, batch)
-
-    def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
-        return validation  # the final checkpoint is the product
 
     def describe(self, last: dict, validation: dict) -> list[str]:
         lines = []

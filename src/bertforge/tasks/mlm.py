@@ -8,19 +8,14 @@ BART's denoising (``bertforge.tasks.stream``), and the runner does the rest.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, ContextManager
 
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.config import PretrainConfig
 from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
 from bertforge.errors import ConfigError
 from bertforge.ops.unpad import layout_from_batch
-from bertforge.tasks.stream import (check_data_vocab, evaluate_stream, starting_model,
-                                    weights_source)
-from bertforge.train.data import PreparedData, open_pretrain_data
-from bertforge.train.distributed import DistInfo
+from bertforge.tasks.stream import CorpusTask, check_data_vocab, starting_model, weights_source
 from bertforge.train.flops import batch_train_flops
 
 
@@ -60,29 +55,11 @@ def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
                       tokens=real_tokens(batch))
 
 
-class PretrainTask:
+class PretrainTask(CorpusTask):
     """MLM (+ NSP/SOP) on prepared data; validation loss and MLM accuracy on its held-out split."""
 
     name = "pretraining"
-    init_key = "init_from"
-    supports_fsdp = True
-    stat_keys: tuple[str, ...] = ("loss", "mlm_loss", "mlm_acc")  # validation reports val_<key>
-
-    def __init__(self, cfg: PretrainConfig, info: DistInfo, spec: Any,
-                 prepared: PreparedData) -> None:
-        # ``spec``: the task's record (``bertforge.tasks.registry``), given by the command.
-        self.cfg, self.info, self.spec = cfg, info, spec
-        self.data = open_pretrain_data(cfg, info, prepared)
-        self.train = self.data.train
-        self.tokenizer = self.data.tokenizer
-        self.phase = cfg.phase
-
-    @property
-    def has_validation(self) -> bool:
-        return self.data.has_validation
-
-    def total_steps(self) -> int:
-        return self.cfg.train.max_steps
+    stat_keys = ("loss", "mlm_loss", "mlm_acc")
 
     def build_model(self, resume_from: Path | None) -> nn.Module:
         """The checkpoint being resumed, else ``init_from`` weights, else a fresh model that
@@ -106,17 +83,10 @@ class PretrainTask:
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
         return pretraining_loss(model, batch)
 
-    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
-        return evaluate_stream(model, self.data, self.info, self.cfg.train.eval_batches,
-                               autocast, self.loss, self.stat_keys)
-
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return batch_train_flops(model.config, batch["attention_mask"],
                                  batch["mlm_labels"].ne(IGNORE_INDEX), self.data.has_pairs,
                                  layout_from_batch(batch))
-
-    def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
-        return validation  # the final checkpoint is the product
 
     def describe(self, last: dict, validation: dict) -> list[str]:
         lines = []

@@ -1,14 +1,15 @@
 """What the two pretraining tasks share (BERT's masked LM, ``tasks/mlm.py``, and BART's
-denoising, ``tasks/denoise.py``): validation over the held-out split of prepared data, and the
-starting weights (the checkpoint being resumed, ``init_from``, or a fresh model shaped by the
-data's vocabulary). Neither task derives from the other; both use these functions."""
+denoising, ``tasks/denoise.py``): ``CorpusTask``, a task over prepared data (its streams,
+validation over the held-out split, the run's length and phase), and the starting weights (the
+checkpoint being resumed, ``init_from``, or a fresh model shaped by the data's vocabulary).
+Neither task derives from the other; both are corpus tasks."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -17,7 +18,7 @@ from bertforge.config import PretrainConfig
 from bertforge.data.batch import Batch, LossOutput, to_device
 from bertforge.errors import ConfigError
 from bertforge.models.loading import ModelSource, load_model, open_model
-from bertforge.train.data import PretrainData
+from bertforge.train.data import MakeBatch, PreparedData, PretrainData, open_pretrain_data
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.guards import check_model_fits, check_vocab, explain_oom
 from bertforge.train.resume import previous_checkpoint, verify_model_files
@@ -102,4 +103,42 @@ def starting_model(source: ModelSource, head: str, cfg: PretrainConfig, data: Pr
     return model.train()
 
 
-__all__ = ["check_data_vocab", "evaluate_stream", "starting_model", "weights_source"]
+class CorpusTask:
+    """A pretraining task over prepared data (the runner's ``Task``): its training and
+    validation streams, validation means of its loss's ``stat_keys``, a run of
+    ``train.max_steps``, its final checkpoint as its product. A subclass adds the model, the
+    loss and the summary lines."""
+
+    init_key = "init_from"
+    supports_fsdp = True
+    stat_keys: tuple[str, ...] = ("loss",)  # validation reports val_<key>
+
+    def __init__(self, cfg: PretrainConfig, info: DistInfo, spec: Any, prepared: PreparedData,
+                 make_batch: MakeBatch | None = None) -> None:
+        # ``spec``: the task's record (``bertforge.tasks.registry``), given by the command.
+        self.cfg, self.info, self.spec = cfg, info, spec
+        self.data = open_pretrain_data(cfg, info, prepared, make_batch)
+        self.train = self.data.train
+        self.tokenizer = self.data.tokenizer
+        self.phase = cfg.phase
+
+    @property
+    def has_validation(self) -> bool:
+        return self.data.has_validation
+
+    def total_steps(self) -> int:
+        return self.cfg.train.max_steps
+
+    def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
+        return evaluate_stream(model, self.data, self.info, self.cfg.train.eval_batches,
+                               autocast, self.loss, self.stat_keys)
+
+    def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
+        return validation  # the final checkpoint is the product
+
+
+__all__ = ["CorpusTask", "check_data_vocab", "evaluate_stream", "starting_model",
+           "weights_source"]
