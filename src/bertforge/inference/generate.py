@@ -82,14 +82,18 @@ def generate_file(model_dir: Path, input_path: Path, output: Path, *,
     ``input_path``: JSON Lines / CSV / TSV with a text column (detected, or ``text_field``), a
     CNN/DailyMail story directory, or a plain .txt file with one text per line.
     """
-    from bertforge.data.finetuning.summarization import read_summarization
     from bertforge.core.io import write_text_atomic
-    from bertforge.models.bart import BartForConditionalGeneration
+    from bertforge.data.finetuning.summarization import read_summarization
+    from bertforge.models.loading import load_model, open_model
     from bertforge.tokenization import load_tokenizer
     from bertforge.train.precision import build_precision
 
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"--model {model_dir} is not a model directory (no config.json)")
+    source = open_model(model_dir, "--model")
+    if not source.family.seq2seq:
+        raise ConfigError(f"--model {model_dir} is a {source.family.name} model; generate needs "
+                          "an encoder-decoder (BART) model")
     if not input_path.exists():
         raise ConfigError(f"--input {input_path} does not exist")
     tokenizer = load_tokenizer(model_dir)
@@ -104,7 +108,7 @@ def generate_file(model_dir: Path, input_path: Path, output: Path, *,
         ids, texts = [e.id for e in examples], [e.article for e in examples]
     target = torch.device(device if device != "auto" else
                           ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = BartForConditionalGeneration.from_pretrained(model_dir).to(target)
+    model = load_model(source, "seq2seq-lm", device=target)  # verified: every weight, finite
     config = generation_settings(model, overrides, source=str(model_dir))
     limit = min(max_source_length or model.config.max_position_embeddings,
                 model.config.max_position_embeddings)

@@ -34,7 +34,9 @@ from bertforge.models.heads import (
 )
 from bertforge.models.bert import BertModel
 from bertforge.models.bert import BertPreTrainedModel
+from bertforge.models.checks import nonfinite_summary
 from bertforge.models.hub import load_torch_file, strip_wrapper_prefixes
+from bertforge.models.loading import load_model, open_model
 
 _TRUST_REMEDY = (
     "NVIDIA pretraining checkpoints often pickle the data loader or the run's arguments. If you trust "
@@ -78,9 +80,15 @@ def convert_nvidia_checkpoint(
     model_cls, kwargs = infer_model_class(state)
     model = model_cls(model_config, **kwargs)
     model.load_hf_state_dict(state, source=str(checkpoint))
+    problem = nonfinite_summary(model.named_parameters())
+    if problem:
+        raise CheckpointError(f"{checkpoint} holds {problem}; nothing was written to {output}")
     model.save_pretrained(output)
     if vocab is not None:
         atomic_write(output / "vocab.txt", lambda tmp: shutil.copyfile(vocab, tmp))
+    # Read back the way every command will read it: the one loader, weights verified.
+    source = open_model(output, "--output")
+    load_model(source, source.head or "base")
     return output
 
 
