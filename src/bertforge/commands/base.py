@@ -1,4 +1,5 @@
-"""What a command is: its typed config, how it runs, and where its resolved config is saved.
+"""What a command is: its typed config, how it runs, and where its resolved config is saved
+(``beside`` its one output file, or in its output folder, by ``core.schema.save_config``).
 
 A :class:`Command` is plain data read by the command line (``bertforge.cli`` builds each
 subcommand's options from ``config``'s fields) and by the docs. ``run(cfg)`` (or
@@ -10,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-from bertforge.core.schema import save_config
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -48,10 +47,4 @@ def beside(output: str | Path, suffix: str = ".config.yaml") -> Path:
     return output.with_name(output.name + suffix)
 
 
-def save_resolved(cfg: Any, path: str | Path, *, unset: Sequence[str] = ()) -> Path:
-    """Save ``cfg`` atomically as YAML at ``path`` (called once the command's inputs were
-    validated and its outputs written); ``bertforge CMD --config PATH`` runs it again."""
-    return save_config(cfg, path, unset=unset)
-
-
-__all__ = ["Command", "beside", "save_resolved"]
+__all__ = ["Command", "beside"]

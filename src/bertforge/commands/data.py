@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from bertforge.commands.base import Command, beside, save_resolved
-from bertforge.core.schema import REQUIRED, check_fields, opt
+from bertforge.commands.base import Command, beside
+from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
 from bertforge.data.prepare_config import CorpusInput, PrepareConfig
 from bertforge.errors import ConfigError
 
@@ -53,7 +53,7 @@ def run_vocab(cfg: VocabConfig) -> int:
         report = train_bpe(cfg.input, **common)
     else:
         report = train_wordpiece(cfg.input, lowercase=not cfg.cased, **common)
-    save_resolved(cfg, vocab_config_path(cfg.output))
+    save_config(cfg, vocab_config_path(cfg.output))
     print(report.summary())
     return 0
 
@@ -64,7 +64,7 @@ def run_prepare(cfg: PrepareConfig) -> int:
     report = prepare_data(cfg)
     # Without the output path: the file lies in it, and two outputs of the same settings and
     # inputs stay identical byte for byte (a resumed run is compared with a fresh one).
-    save_resolved(cfg, Path(cfg.output) / PREPARE_CONFIG_NAME, unset=["output"])
+    save_config(cfg, Path(cfg.output) / PREPARE_CONFIG_NAME, unset=["output"])
     print(report.summary())
     return 0
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from bertforge.commands.base import Command, beside, save_resolved
+from bertforge.commands.base import Command, beside
 from bertforge.config import GenerationOptions
-from bertforge.core.schema import REQUIRED, check_fields, opt
+from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
 
 
 @dataclass
@@ -39,7 +39,7 @@ def run_generate(cfg: GenerateConfig) -> int:
                         overrides=cfg.generation_overrides(), batch_size=cfg.batch_size,
                         device=cfg.device, text_field=cfg.text_field,
                         max_source_length=cfg.max_source_length)
-    save_resolved(cfg, beside(out))
+    save_config(cfg, beside(out))
     print(f"wrote {out}")
     return 0
 

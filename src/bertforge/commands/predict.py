@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from bertforge.commands.base import Command, beside, save_resolved
+from bertforge.commands.base import Command, beside
 from bertforge.config import GenerationOptions
-from bertforge.core.schema import REQUIRED, check_fields, closest_key, opt
+from bertforge.core.schema import REQUIRED, check_fields, closest_key, opt, save_config
 from bertforge.errors import ConfigError
 from bertforge.inference.interactive import MODES
 
@@ -96,7 +96,7 @@ def run_predict(cfg: PredictConfig) -> int:
         generation = [_as_override(f"eval.{k}", v) for k, v in cfg.generation_overrides().items()]
         out = predict_file(Path(cfg.model), Path(cfg.data), Path(cfg.output),
                            [*generation, *cfg.finetune_overrides])
-        save_resolved(cfg, beside(out))
+        save_config(cfg, beside(out))
         print(f"wrote predictions to {out}")
         return 0
     from bertforge.inference.interactive import run_predict as answer

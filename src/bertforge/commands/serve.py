@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from bertforge.commands.base import Command, save_resolved
-from bertforge.core.schema import REQUIRED, check_fields, opt
+from bertforge.commands.base import Command
+from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
 
 EXPORT_CONFIG_NAME = "export-config.yaml"
 DEFAULT_ATOL = 1e-4  # bertforge.export.onnx.DEFAULT_ATOL (that module imports torch)
@@ -92,7 +92,7 @@ def run_export(cfg: ExportConfig) -> int:
     report = export_onnx(Path(cfg.model), Path(cfg.output), opset=cfg.opset,
                          quantize=cfg.quantize, sample=Path(cfg.sample) if cfg.sample else None,
                          triton=cfg.triton, atol=cfg.atol, exporter=cfg.exporter)
-    save_resolved(cfg, Path(cfg.output) / EXPORT_CONFIG_NAME)
+    save_config(cfg, Path(cfg.output) / EXPORT_CONFIG_NAME)
     print(report.summary())
     return 0
 

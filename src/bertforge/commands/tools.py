@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from bertforge.commands.base import Command, save_resolved
-from bertforge.core.schema import REQUIRED, check_fields, opt
+from bertforge.commands.base import Command
+from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
 
 CONVERT_CONFIG_NAME = "convert-config.yaml"
 
@@ -35,7 +35,7 @@ def run_convert(cfg: ConvertConfig) -> int:
     out = convert_nvidia_checkpoint(Path(cfg.checkpoint), cfg.model_config, Path(cfg.output),
                                     vocab=Path(cfg.vocab) if cfg.vocab else None,
                                     trust_pickle=cfg.trust_pickle)
-    save_resolved(cfg, Path(out) / CONVERT_CONFIG_NAME)
+    save_config(cfg, Path(out) / CONVERT_CONFIG_NAME)
     print(f"wrote Hugging Face model directory {out}")
     return 0
 
