@@ -225,14 +225,21 @@ def check_model_fits_task(spec: TaskSpec, family: object, model: str,
         kind = "an encoder-decoder model (BART)" if wanted else "an encoder-only model (BERT)"
         raise ConfigError(f"model={model} is a {family.name} model but task {name} needs {kind}")
     if spec.head not in family.heads:
+        able = [t.name for t in TASKS if t.head in family.heads and t.seq2seq in (None,
+                                                                              family.seq2seq)]
         raise ConfigError(f"model={model} is a {family.name} model, which has no {spec.head} "
-                          f"head for task {name}")
+                          f"head for task {name}; {family.name} models do {', '.join(able)}")
+
+
+def _allowed(command: str | None, served: bool) -> list[TaskSpec]:
+    """The tasks ``command`` trains (all when None), only the served ones if ``served``."""
+    return [t for t in TASKS if (command is None or (t.trainer and t.command == command))
+            and (not served or t.pipeline is not None)]
 
 
 def task_names(command: str | None = None, served: bool = False) -> list[str]:
     """Canonical names, optionally only those ``command`` trains or the served ones."""
-    return [t.name for t in TASKS if (command is None or (t.trainer and t.command == command))
-            and (not served or t.pipeline is not None)]
+    return [t.name for t in _allowed(command, served)]
 
 
 def get_task(name: str, key: str = "task", command: str | None = None,
@@ -241,8 +248,7 @@ def get_task(name: str, key: str = "task", command: str | None = None,
     names and the closest one. ``command``: it must be trainable by that command; ``served``: it
     must have an inference pipeline."""
     spec = _BY_NAME.get(name)
-    allowed = [t for t in TASKS if (command is None or (t.trainer and t.command == command))
-               and (not served or t.pipeline is not None)]
+    allowed = _allowed(command, served)
     if spec is None or spec not in allowed:
         names = [n for t in allowed for n in t.names()]
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)

@@ -14,8 +14,8 @@ from bertforge.errors import ConfigError, DataError
 from bertforge.inference.pipelines.base import Pipeline, TRUNCATION
 from bertforge.models.loading import ModelSource, load_model, open_model
 from bertforge.models.registry import family_of_architecture
-from bertforge.tasks.registry import (TaskSpec, get_task, task_names, task_of_finetuned,
-                                      task_of_head)
+from bertforge.tasks.registry import (TaskSpec, check_model_fits_task, get_task, task_names,
+                                      task_of_finetuned, task_of_head)
 from bertforge.tokenization import load_tokenizer
 from bertforge.train.precision import build_precision
 
@@ -39,17 +39,10 @@ def infer_task(config: Any, source: str) -> str:
 
 
 def _check_fit(spec: TaskSpec, source: ModelSource) -> None:
-    """``ConfigError`` unless the model's family has the head ``spec`` needs and config.json's
-    architectures (when it names them) is that head."""
+    """``ConfigError`` unless the model's family can do task ``spec`` and config.json's
+    architectures (when it names them) is a model with the head ``spec`` needs."""
     family, where = source.family, str(source.directory)
-    if spec.seq2seq is not None and spec.seq2seq != family.seq2seq:
-        kind = "an encoder-decoder (BART)" if spec.seq2seq else "an encoder-only (BERT)"
-        raise ConfigError(f"task {spec.name} needs {kind} model; {where} is a {family.name} "
-                          "model")
-    if spec.head not in family.heads:
-        able = [t for t in task_names(served=True) if get_task(t).head in family.heads]
-        raise ConfigError(f"task {spec.name} needs a {spec.head} head, which {family.name} "
-                          f"models do not have; {family.name} models do {', '.join(able)}")
+    check_model_fits_task(spec, family, where)
     named = source.config.architectures
     if spec.head != "base" and named and not any(spec.head in family.heads_in(n) for n in named):
         classes = family.architectures()
