@@ -79,12 +79,12 @@ def test_an_attention_kernel_the_device_lacks_is_refused_before_the_model(
         tiny_args, tmp_path: Path, capsys, monkeypatch) -> None:
     """flash on a CPU (bf16 set, so the config itself is fine): refused when the run starts,
     not at the first forward after the model was built and the data opened."""
-    import bertforge.tasks.stream as stream
+    import bertforge.train.guards as guards
 
     def never(*args, **kwargs):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(stream, "load_model", never)
+    monkeypatch.setattr(guards, "load_model", never)
     assert main(["pretrain", *tiny_args(tmp_path / "run", "--precision=bf16",
                                          "--train.attention_backend=flash")]) == 2
     assert one_error_line(capsys).startswith(

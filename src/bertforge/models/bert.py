@@ -35,6 +35,8 @@ class BertPreTrainedModel(PreTrainedModel):
                      "qa_outputs.", "classifier.")
     tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
     vocab_row_suffixes = ("embeddings.word_embeddings.weight", "cls.predictions.bias")
+    # A fill-mask or QA model never uses the pooler, and transformers omits it from such files.
+    optional_prefixes = ("bert.pooler.", "pooler.")
 
     # ------------------------------------------------------------------ initialisation
     def init_weights(self, skip_prefix: str | None = None) -> None:

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
 _MAX_LISTED = 12
+_ANOTHER_MODEL = "use another model directory (e.g. an earlier checkpoint)"
 
 ModelT = TypeVar("ModelT", bound="PreTrainedModel")
 
@@ -77,6 +78,8 @@ class PreTrainedModel(nn.Module):
     """Aliases of other parameters: never written, ignored when read."""
     vocab_row_suffixes: ClassVar[tuple[str, ...]] = ()
     """Tensors with one row per vocabulary entry (padded in memory, trimmed in files)."""
+    optional_prefixes: ClassVar[tuple[str, ...]] = ()
+    """Parts a model's files may lack without it being unfit for its task (they start fresh)."""
 
     def rename_legacy(self, name: str) -> str:
         """The current name of a weight saved under an older naming scheme of the family."""
@@ -268,19 +271,20 @@ class PreTrainedModel(nn.Module):
         return model.eval()
 
     def restore(self, directory: Path, *, new_heads: bool = False,
-                nonfinite_remedy: str = "use another model directory (e.g. an earlier "
-                                        "checkpoint)") -> LoadReport:
+                nonfinite_remedy: str | None = None) -> LoadReport:
         """Load a model directory's weights (and extras) into this model, verified: every body
         weight present with its shape (``load_hf_state_dict``), floating weights where the model
         has floating parameters, and every value finite. ``new_heads``: heads the files lack or
-        hold in another shape start fresh (fine-tuning) instead of being an error."""
+        hold in another shape start fresh (fine-tuning) instead of being an error.
+        ``nonfinite_remedy``: the advice when a value is not finite (default: another model
+        directory)."""
         weights, source = read_weights(directory)
         report = self.load_hf_state_dict(weights, source=source,
                                          ignore_mismatched_heads=new_heads)
         problem = nonfinite_summary(self.named_parameters())
         if problem:
             raise CheckpointError(f"{source} holds {problem}; refusing to load it: "
-                                  f"{nonfinite_remedy}")
+                                  f"{nonfinite_remedy or _ANOTHER_MODEL}")
         self.load_extras(directory)
         return report
 

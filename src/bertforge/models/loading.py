@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import ConfigError
-from bertforge.models.registry import FamilySpec, family_of_architecture, resolve_config
+from bertforge.models.registry import FamilySpec, resolve_config
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,10 @@ class ModelSource:
     @property
     def head(self) -> str | None:
         """The head kind config.json's ``architectures`` names, if it names one we know."""
+        classes = self.family.architectures()
         for name in getattr(self.config, "architectures", None) or ():
-            found = family_of_architecture(name)
-            if found is not None and found[0] is self.family:
-                return found[1]
+            if classes.get(name):
+                return classes[name][0]
         return None
 
     def replace(self, **overrides: Any) -> ModelSource:
@@ -81,19 +81,14 @@ def load_model(source: ModelSource, head: str, *, device: str | torch.device = "
         torch.manual_seed(seed)
     model = cls(source.config)
     if source.directory is not None:
-        extra = {} if nonfinite_remedy is None else {"nonfinite_remedy": nonfinite_remedy}
-        report = model.restore(source.directory, new_heads=new_heads, **extra)
-        head_weights = [k for k in report.initialized if not k.startswith(_OPTIONAL_PARTS)]
+        report = model.restore(source.directory, new_heads=new_heads,
+                               nonfinite_remedy=nonfinite_remedy)
+        head_weights = [k for k in report.initialized if not k.startswith(cls.optional_prefixes)]
         if head_weights and not new_heads:
             raise ConfigError(
                 f"{source.directory} has no weights for the {head} head ({head_weights[0]}, "
                 f"...); give a model fine-tuned (or pretrained) for it")
     return model.to(device).eval()
-
-
-# Parts a model may lack without being unfit for its task: BERT's pooler (a fill-mask or QA
-# model never uses it, and transformers omits it from such checkpoints).
-_OPTIONAL_PARTS = ("bert.pooler.", "pooler.")
 
 
 __all__ = ["ModelSource", "load_model", "open_model"]

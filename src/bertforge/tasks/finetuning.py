@@ -39,14 +39,14 @@ from bertforge.data.batch import Batch, LossOutput, real_tokens, to_device
 from bertforge.data.collate.sequences import SEQUENCE_KEYS, SequenceFeatures
 from bertforge.data.loader import PretrainingLoader, pin_batch
 from bertforge.errors import ConfigError, DataError
-from bertforge.models.loading import ModelSource, load_model, open_model
+from bertforge.models.loading import ModelSource, open_model
 from bertforge.tasks.base import steps_for_epochs
 from bertforge.tokenization import load_tokenizer
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import batch_train_flops
-from bertforge.train.guards import check_model_fits, explain_oom
+from bertforge.train.guards import load_for_training
 from bertforge.train.precision import build_precision
-from bertforge.train.resume import previous_checkpoint, verify_model_files
+from bertforge.train.resume import verify_model_files
 from bertforge.train.run import RunResult
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def read_tokenizer(model: str | Path) -> Any:
                           "directory") from None
 
 
-def starting_model(source: ModelSource) -> None:
+def require_weights(source: ModelSource) -> None:
     """ConfigError unless ``source`` is a model directory (fine-tuning starts from weights)."""
     if source.directory is None:
         raise ConfigError(f"model={source.name} is a preset, not a model directory: fine-tuning "
@@ -214,7 +214,7 @@ class FinetuneTask(ABC):
         # labelled=False: the evaluation file is new data to predict (``bertforge predict``).
         self.cfg, self.info, self.spec, self.source = cfg, info, spec, source
         self.labelled = labelled
-        starting_model(source)
+        require_weights(source)
         self.tokenizer = read_tokenizer(cfg.model)
         self.max_seq_length = sequence_length(cfg, spec, source.config.max_position_embeddings)
         self.examples = self.read()
@@ -253,8 +253,9 @@ class FinetuneTask(ABC):
     def score(self, outputs: dict[str, Any]) -> dict:
         """The task's metrics of the gathered evaluation outputs."""
 
+    @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
-        raise NotImplementedError
+        """The training loss of ``batch`` and its logged stats."""
 
     def model_overrides(self) -> dict[str, Any]:
         return {}
@@ -296,16 +297,10 @@ class FinetuneTask(ABC):
         source = self.source if resume_from is None else open_model(resume_from, "resume")
         if resume_from is None:  # a resume was verified whole by resolve_resume
             verify_model_files(source.directory)
-        source = source.replace(**self.model_overrides())
-        name, device = str(source.directory), self.info.device
-        check_model_fits(source.config, device, name)
-        older = previous_checkpoint(resume_from) if resume_from is not None else None
-        remedy = (f"resume from the previous complete checkpoint instead: resume={older}"
-                  if older else "start from another model directory")
-        with explain_oom(source.config, device, name):
-            model = load_model(source, self.spec.head, device=device, new_heads=True,
-                               seed=self.cfg.train.seed, nonfinite_remedy=remedy)
-        return model.train()
+        return load_for_training(source.replace(**self.model_overrides()), self.spec.head,
+                                 self.info.device, seed=self.cfg.train.seed,
+                                 checkpoint=resume_from, new_heads=True,
+                                 fallback="start from another model directory")
 
     def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
         assert self.features.evaluation is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -17,11 +18,11 @@ from torch import nn
 from bertforge.config import PretrainConfig
 from bertforge.data.batch import Batch, LossOutput, to_device
 from bertforge.errors import ConfigError
-from bertforge.models.loading import ModelSource, load_model, open_model
+from bertforge.models.loading import ModelSource, open_model
 from bertforge.train.data import MakeBatch, PreparedData, PretrainData, open_pretrain_data
 from bertforge.train.distributed import DistInfo, all_reduce_sum
-from bertforge.train.guards import check_model_fits, check_vocab, explain_oom
-from bertforge.train.resume import previous_checkpoint, verify_model_files
+from bertforge.train.guards import RESTART, check_vocab, load_for_training
+from bertforge.train.resume import verify_model_files
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +93,11 @@ def starting_model(source: ModelSource, head: str, cfg: PretrainConfig, data: Pr
             f"the data at {cfg.data.path} has sequences of up to {data.max_seq_length} tokens but "
             f"the model has {positions} positions; prepare with --max-seq-length {positions} or "
             f"use a model with more positions")
-    name = str(source.directory or source.name)
-    check_model_fits(config, device, name)
-    older = previous_checkpoint(source.directory) if source.directory is not None else None
-    remedy = (f"resume from the previous complete checkpoint instead: resume={older}" if older
-              else "start from another checkpoint, or from scratch with resume=none")
-    with explain_oom(config, device, name):
-        model = load_model(source, head, device=device, seed=cfg.train.seed,
-                           nonfinite_remedy=remedy)
-    return model.train()
+    return load_for_training(source, head, device, seed=cfg.train.seed,
+                             checkpoint=source.directory, fallback=RESTART)
 
 
-class CorpusTask:
+class CorpusTask(ABC):
     """A pretraining task over prepared data (the runner's ``Task``): its training and
     validation streams, validation means of its loss's ``stat_keys``, a run of
     ``train.max_steps``, its final checkpoint as its product. A subclass adds the model, the
@@ -129,8 +123,9 @@ class CorpusTask:
     def total_steps(self) -> int:
         return self.cfg.train.max_steps
 
+    @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
-        raise NotImplementedError
+        """The training loss of ``batch`` and its logged stats."""
 
     def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
         return evaluate_stream(model, self.data, self.info, self.cfg.train.eval_batches,

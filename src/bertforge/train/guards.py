@@ -6,6 +6,7 @@
   only by size (two vocabularies of 30522 tokens are rarely the same vocabulary).
 * :func:`check_model_fits` / :func:`explain_oom`: a model too large for the machine fails with
   what was asked and what it needs instead of an allocator traceback or the OOM killer.
+* :func:`load_for_training`: a run's starting model, loaded behind those checks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.models.checks import count_nonfinite, nonfinite_summary
+from bertforge.models.loading import ModelSource, load_model
 from bertforge.tokenization import read_vocab_tokens, vocab_hash
 from bertforge.train.resume import previous_checkpoint
 
@@ -42,10 +44,35 @@ def refuse_nonfinite(named: Iterable[tuple[str, torch.Tensor]], source: Path,
     problem = nonfinite_summary(named)
     if not problem:
         return
-    older = previous_checkpoint(checkpoint)
-    remedy = (f"Resume from the previous complete checkpoint instead: resume={older}" if older
-              else "Start from another checkpoint, or from scratch with resume=none")
-    raise CheckpointError(f"{source} holds {problem}; refusing to train from it. {remedy}")
+    raise CheckpointError(f"{source} holds {problem}; refusing to train from it: "
+                          f"{nonfinite_remedy(checkpoint, RESTART)}")
+
+
+RESTART = "start from another checkpoint, or from scratch with resume=none"
+"""The advice for damaged weights of a pretraining run with no earlier checkpoint."""
+
+
+def nonfinite_remedy(checkpoint: Path | None, fallback: str) -> str:
+    """What to do instead of training from the non-finite weights of ``checkpoint``: resume
+    from the previous complete checkpoint of its run when there is one, else ``fallback``."""
+    older = previous_checkpoint(checkpoint) if checkpoint is not None else None
+    if older is None:
+        return fallback
+    return f"resume from the previous complete checkpoint instead: resume={older}"
+
+
+def load_for_training(source: ModelSource, head: str, device: torch.device, *, seed: int,
+                      checkpoint: Path | None, fallback: str,
+                      new_heads: bool = False) -> torch.nn.Module:
+    """The ``head`` model of ``source`` (``load_model``) on ``device`` in train mode, after
+    checking the device can hold its training state; running out of memory while loading is a
+    ConfigError, and non-finite weights point at ``nonfinite_remedy(checkpoint, fallback)``."""
+    name = str(source.directory or source.name)
+    check_model_fits(source.config, device, name)
+    with explain_oom(source.config, device, name):
+        model = load_model(source, head, device=device, new_heads=new_heads, seed=seed,
+                           nonfinite_remedy=nonfinite_remedy(checkpoint, fallback))
+    return model.train()
 
 
 def check_vocab(source: Path, data_tokens: tuple[str, ...] | None, data_path: str) -> bool:
@@ -119,5 +146,6 @@ def explain_oom(config, device: torch.device, model: str) -> Iterator[None]:
             "Choose a smaller model or a device with more memory") from None
 
 
-__all__ = ["check_model_fits", "check_vocab", "count_nonfinite", "device_memory_bytes",
-           "explain_oom", "nonfinite_summary", "optimizer_tensors", "refuse_nonfinite"]
+__all__ = ["RESTART", "check_model_fits", "check_vocab", "count_nonfinite",
+           "device_memory_bytes", "explain_oom", "load_for_training", "nonfinite_remedy",
+           "nonfinite_summary", "optimizer_tensors", "refuse_nonfinite"]
