@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.data.batch import Batch, LossOutput, real_tokens
-from bertforge.data.collate.sequences import SequenceFeatures
 from bertforge.data.finetuning import LabelMap, TextExample, glue_task, read_glue
 from bertforge.errors import ConfigError
 from bertforge.metrics.classification import glue_metrics
@@ -101,7 +100,7 @@ class ClassificationTask(EncoderTask):
             else:
                 arrays["labels"] = np.asarray([facts["labels"].id(str(ex.label), ex.source)
                                                for ex in examples], dtype=np.int64)
-        return Encoded(SequenceFeatures(arrays))
+        return Encoded(self.batches(arrays))
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],

@@ -19,7 +19,6 @@ from torch import nn
 
 from bertforge.config import PretrainConfig
 from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput
-from bertforge.data.collate.seq2seq import DenoisingBatchMaker
 from bertforge.data.masking import normalize_special_ids
 from bertforge.data.noising import NoiseVocab
 from bertforge.errors import ConfigError
@@ -85,11 +84,12 @@ class DenoiseTask(CorpusTask):
                               "BART model; use model=bart-base, bart-large, bart-tiny or a BART "
                               "directory")
         noise_spec, positions = cfg.data.noise.spec(), self.source.config.max_position_embeddings
+        maker = spec.batches.load()  # the record's: DenoisingBatchMaker
 
-        def make_batch(dataset: Any, tokenizer: Any) -> DenoisingBatchMaker:
-            return DenoisingBatchMaker(dataset, seed=cfg.train.seed, spec=noise_spec,
-                                       vocab=noise_vocab(tokenizer), pad_id=tokenizer.pad_id,
-                                       max_source_length=positions)
+        def make_batch(dataset: Any, tokenizer: Any) -> Any:
+            return maker(dataset, seed=cfg.train.seed, spec=noise_spec,
+                         vocab=noise_vocab(tokenizer), pad_id=tokenizer.pad_id,
+                         max_source_length=positions)
 
         super().__init__(cfg, info, spec, prepared, make_batch)
 

@@ -257,6 +257,11 @@ class FinetuneTask(ABC):
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
         """The training loss of ``batch`` and its logged stats."""
 
+    def batches(self, *arrays: Any, **options: Any) -> Any:
+        """The training features over encoded ``arrays``, made by the batch maker the task's
+        record names (``spec.batches``, from ``bertforge.data.collate``)."""
+        return self.spec.batches.load()(*arrays, **options)
+
     def model_overrides(self) -> dict[str, Any]:
         return {}
 

@@ -86,7 +86,9 @@ class TaskSpec:
     reader: Ref | None = None
     """Reads the task's files into examples."""
     batches: Ref | None = None
-    """The batch maker (``bertforge.data.collate``) of its training micro-batches."""
+    """The batch maker (``bertforge.data.collate``) of its training micro-batches; the tasks
+    build theirs from it (masked-LM's is the pretraining loader's default, built there with the
+    masking settings)."""
     metric: Ref | None = None
     """Scores predictions against references."""
     primary_metric: str | None = None

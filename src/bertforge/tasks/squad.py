@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.data.batch import Batch, LossOutput, real_tokens
-from bertforge.data.collate.sequences import SequenceFeatures
 from bertforge.data.finetuning.qa_postprocess import NO_SPAN_ODDS
 from bertforge.data.finetuning.squad import postprocess_qa, qa_features, write_qa_outputs
 from bertforge.metrics.squad import SquadQuestion, score_v1, score_v2
@@ -59,7 +58,7 @@ class SquadTask(EncoderTask):
                   "attention_mask": qa.attention_mask}
         if training:
             arrays.update(start_positions=qa.start_positions, end_positions=qa.end_positions)
-        return Encoded(SequenceFeatures(arrays), alignment=None if training else qa)
+        return Encoded(self.batches(arrays), alignment=None if training else qa)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         out = model(batch["input_ids"], attention_mask=batch["attention_mask"],

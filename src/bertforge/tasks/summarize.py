@@ -18,7 +18,6 @@ import torch.distributed as dist
 from torch import nn
 
 from bertforge.data.batch import Batch, LossOutput
-from bertforge.data.collate.seq2seq import PairFeatures
 from bertforge.data.finetuning.summarization import SummaryExample
 from bertforge.inference.generate import generate_texts, generation_settings
 from bertforge.tasks.denoise import seq2seq_batch_flops, seq2seq_loss
@@ -51,7 +50,7 @@ class SummarizationTask(FinetuneTask):
         if not training:
             return Encoded(sources)
         targets = self._encode([e.summary or "" for e in examples], self.cfg.data.max_target_length)
-        return Encoded(PairFeatures(sources, targets, pad_id=self.tokenizer.pad_id,
+        return Encoded(self.batches(sources, targets, pad_id=self.tokenizer.pad_id,
                                     decoder_start_id=self.source.config.decoder_start_token_id))
 
     # -- training ---------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from bertforge.data.batch import Batch, LossOutput
-from bertforge.data.collate.choices import ChoiceFeatures
 from bertforge.data.finetuning import ChoiceExample
 from bertforge.errors import DataError
 from bertforge.tasks.classify import sequence_arrays
@@ -38,7 +37,7 @@ class MultipleChoiceTask(EncoderTask):
                                  self.max_seq_length, (len(examples), c), truncation="only_second")
         if training or self.labelled:
             arrays["labels"] = np.asarray([ex.label for ex in examples], dtype=np.int64)
-        return Encoded(ChoiceFeatures(arrays))
+        return Encoded(self.batches(arrays))
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],

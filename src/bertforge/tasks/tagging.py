@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
-from bertforge.data.collate.sequences import SequenceFeatures
 from bertforge.data.finetuning import LabelMap, TaggedExample
 from bertforge.errors import ConfigError
 from bertforge.tasks.classify import model_label_map
@@ -69,7 +68,7 @@ class TokenClassificationTask(EncoderTask):
                         "not trained on" if training else "predicted as O")
         if training or self.labelled:
             arrays["labels"] = labels
-        return Encoded(SequenceFeatures(arrays), alignment=None if training else starts)
+        return Encoded(self.batches(arrays), alignment=None if training else starts)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
