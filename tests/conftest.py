@@ -1,5 +1,5 @@
 """Shared, session-scoped inputs of the pretraining and fault-injection tests: a vocab, prepared data
-and tiny models.
+and tiny models (and a tiny BART summarizer for the inference tests).
 
 The data is built once per test session (well under a second) from tests/assets/tiny_corpus.txt:
 a WordPiece vocab of the corpus (~460 tokens), native shards with sequences of at most 32 tokens,
@@ -111,6 +111,32 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
     nodrop.write_text(json.dumps({**_TINY_MODEL, "hidden_dropout_prob": 0.0,
                                   "attention_probs_dropout_prob": 0.0}))
     return TinyData(root=root, data=data, vocab=vocab, model=model, model_nodrop=nodrop)
+
+
+@pytest.fixture(scope="session")
+def tiny_bart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BART summarizer (d_model 32, 64 positions, no dropout) with a BPE tokenizer of the
+    test corpus and generation settings."""
+    from bertforge.models.bart import BartConfig, BartForConditionalGeneration
+    from bertforge.models.generation import GenerationConfig
+    from bertforge.tokenization.bpe import BpeTokenizer
+    from bertforge.tokenization.training import train_bpe
+
+    root = tmp_path_factory.mktemp("bart")
+    train_bpe([CORPUS], vocab_size=300, output=root / "bpe", min_frequency=1, progress=False)
+    tok = BpeTokenizer.from_pretrained(root / "bpe")
+    config = BartConfig(vocab_size=tok.vocab_size, d_model=32, encoder_layers=1,
+                        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                        dropout=0.0, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
+                        eos_token_id=tok.eos_id, decoder_start_token_id=tok.eos_id,
+                        forced_bos_token_id=tok.bos_id, forced_eos_token_id=tok.eos_id,
+                        finetuning_task="summarization")
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(config)
+    model.generation_config = GenerationConfig.from_model_config(config, max_length=12,
+                                                                 min_length=6)
+    return model.save_pretrained(root / "model", tokenizer=tok)
 
 
 def _overrides(tiny: TinyData, output_dir: Path, extra: tuple[str, ...]) -> list[str]:

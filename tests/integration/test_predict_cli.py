@@ -135,25 +135,8 @@ def test_text_modes_from_options_and_from_stdin(models, capsys, monkeypatch, mod
     assert code == 0 and human.strip() and not human.startswith("{")
 
 
-def test_summarize_mode(tmp_path, capsys, monkeypatch):
-    from bertforge.tokenization.bpe import BpeTokenizer
-    from bertforge.models.generation import GenerationConfig
-    from bertforge.models.bart import BartConfig, BartForConditionalGeneration
-    from bertforge.tokenization.training import train_bpe
-
-    corpus = Path(__file__).resolve().parents[1] / "assets" / "tiny_corpus.txt"
-    train_bpe([corpus], vocab_size=300, output=tmp_path / "bpe", min_frequency=1, progress=False)
-    tok = BpeTokenizer.from_pretrained(tmp_path / "bpe")
-    config = BartConfig(vocab_size=tok.vocab_size, d_model=32, encoder_layers=1,
-                        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-                        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-                        pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
-                        eos_token_id=tok.eos_id, decoder_start_token_id=tok.eos_id)
-    torch.manual_seed(0)
-    model = BartForConditionalGeneration(config)
-    model.generation_config = GenerationConfig.from_model_config(config, max_length=10)
-    model.save_pretrained(tmp_path / "bart", tokenizer=tok)
-    code, out, _ = predict(capsys, monkeypatch, "summarize", "--model", str(tmp_path / "bart"),
+def test_summarize_mode(tiny_bart, capsys, monkeypatch):
+    code, out, _ = predict(capsys, monkeypatch, "summarize", "--model", str(tiny_bart),
                            "--json", "--num-beams", "2", "--text", "word " * 100)
     assert code == 0
     (row,) = [json.loads(line) for line in out.splitlines()]

@@ -351,35 +351,11 @@ def test_prepare_saves_its_config_in_the_output(tmp_path: Path) -> None:
             == json.loads((out / "manifest.json").read_text())["counts"])
 
 
-@pytest.fixture(scope="module")
-def bart_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-
-    from bertforge.models.bart import BartConfig, BartForConditionalGeneration
-    from bertforge.models.generation import GenerationConfig
-    from bertforge.tokenization.bpe import BpeTokenizer
-    from bertforge.tokenization.training import train_bpe
-
-    root = tmp_path_factory.mktemp("bart")
-    train_bpe([CORPUS], vocab_size=300, output=root / "bpe", min_frequency=1, progress=False)
-    tok = BpeTokenizer.from_pretrained(root / "bpe")
-    config = BartConfig(vocab_size=tok.vocab_size, d_model=16, encoder_layers=1,
-                        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-                        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-                        pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
-                        eos_token_id=tok.eos_id, decoder_start_token_id=tok.eos_id)
-    torch.manual_seed(0)
-    model = BartForConditionalGeneration(config)
-    model.generation_config = GenerationConfig.from_model_config(config, max_length=8)
-    model.save_pretrained(root / "bart", tokenizer=tok)
-    return root / "bart"
-
-
-def test_generate_saves_its_config_beside_the_output(bart_model: Path, tmp_path: Path) -> None:
+def test_generate_saves_its_config_beside_the_output(tiny_bart: Path, tmp_path: Path) -> None:
     texts = tmp_path / "texts.txt"
     texts.write_text("the first text\nthe second text\n")
     out = tmp_path / "out" / "summaries.jsonl"
-    assert main(["generate", "--model", str(bart_model), "--input", str(texts), "--output",
+    assert main(["generate", "--model", str(tiny_bart), "--input", str(texts), "--output",
                  str(out), "--num-beams", "2", "--early-stopping", "true", "--device",
                  "cpu"]) == 0
     assert len(out.read_text().splitlines()) == 2
@@ -408,10 +384,10 @@ def test_export_saves_its_config_in_the_output(tmp_path: Path) -> None:
     assert "what: onnx" in saved and f"output: {out}" in saved
 
 
-def test_server_requests_take_the_same_generation_options(bart_model: Path) -> None:
+def test_server_requests_take_the_same_generation_options(tiny_bart: Path) -> None:
     from bertforge.inference.pipelines import InputError, load_pipeline
 
-    pipe = load_pipeline(bart_model, device="cpu")
+    pipe = load_pipeline(tiny_bart, device="cpu")
     request = pipe.parse({"text": "a text", "num_beams": 2, "early_stopping": "never"})
     assert (request.settings.num_beams, request.settings.early_stopping) == (2, "never")
     assert pipe([request])[0]["summary"] is not None

@@ -21,8 +21,6 @@ from bertforge.models import (BertConfig, BertForMaskedLM, BertForPreTraining,
                               BertForTokenClassification, BertModel)
 from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT / "tests" / "assets" / "tiny_corpus.txt"
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789.,?!'-")
 WORDS = "the capital of france is paris where eiffel tower in city river seine".split()
 SHAPE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -61,31 +59,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         loc.classifier.bias.copy_(torch.tensor([-5.0, 5.0, 0.0]))
     paths["loc"] = loc.save_pretrained(root / "loc", tokenizer=tok)
     return paths
-
-
-@pytest.fixture(scope="module")
-def bart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny BART with a BPE tokenizer of the test corpus and generation settings."""
-    from bertforge.tokenization.bpe import BpeTokenizer
-    from bertforge.models.generation import GenerationConfig
-    from bertforge.models.bart import BartConfig, BartForConditionalGeneration
-    from bertforge.tokenization.training import train_bpe
-
-    root = tmp_path_factory.mktemp("bart")
-    train_bpe([CORPUS], vocab_size=300, output=root / "bpe", min_frequency=1, progress=False)
-    tok = BpeTokenizer.from_pretrained(root / "bpe")
-    config = BartConfig(vocab_size=tok.vocab_size, d_model=32, encoder_layers=1,
-                        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-                        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-                        dropout=0.0, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
-                        eos_token_id=tok.eos_id, decoder_start_token_id=tok.eos_id,
-                        forced_bos_token_id=tok.bos_id, forced_eos_token_id=tok.eos_id,
-                        finetuning_task="summarization")
-    torch.manual_seed(0)
-    model = BartForConditionalGeneration(config)
-    model.generation_config = GenerationConfig.from_model_config(config, max_length=12,
-                                                                 min_length=6)
-    return model.save_pretrained(root / "model", tokenizer=tok)
 
 
 def run(pipe, items):
@@ -205,8 +178,8 @@ def test_fill_mask_ranks_probabilities_at_every_mask(models, name):
     same(run(pipe, items), [run(pipe, [it])[0] for it in items])
 
 
-def test_bart_summarizes_fills_masks_and_embeds(bart):
-    pipe = load_pipeline(bart)
+def test_bart_summarizes_fills_masks_and_embeds(tiny_bart):
+    pipe = load_pipeline(tiny_bart)
     assert pipe.task == "summarization" and pipe.truncation == "truncate"
     items = [{"text": "The quick brown fox jumps over the lazy dog."},
              {"text": "A dog sleeps.", "num_beams": 2, "max_length": 10},
@@ -215,10 +188,10 @@ def test_bart_summarizes_fills_masks_and_embeds(bart):
     assert all(isinstance(r["summary"], str) for r in results)
     assert results[2]["truncated"] is True and "truncated" not in results[0]
     same(results, [run(pipe, [it])[0] for it in items])
-    fill = load_pipeline(bart, "fill-mask", top_k=2)
+    fill = load_pipeline(tiny_bart, "fill-mask", top_k=2)
     (masked,) = run(fill, [{"text": "The quick<mask> fox."}])
     assert len(masked["masks"]) == 1 and len(masked["masks"][0]) == 2
-    embed = load_pipeline(bart, "feature-extraction")
+    embed = load_pipeline(tiny_bart, "feature-extraction")
     assert len(run(embed, [{"text": "The fox."}])[0]["embedding"]) == 32
 
 
@@ -302,8 +275,8 @@ def test_bad_items_name_their_field(models, name, item, field, words):
     ({"text": "a", "min_length": -1}, "min_length", ">= 0"),
     ({"text": "a", "max_length": 2, "min_length": 5}, "min_length", "min_length"),
 ])
-def test_bad_generation_settings_name_their_field(bart, item, field, words):
-    pipe = load_pipeline(bart)
+def test_bad_generation_settings_name_their_field(tiny_bart, item, field, words):
+    pipe = load_pipeline(tiny_bart)
     with pytest.raises(InputError) as caught:
         pipe.parse(item)
     assert caught.value.field == field and words in str(caught.value)
@@ -331,10 +304,10 @@ def test_the_task_comes_from_config_json(models, name, task):
     assert load_pipeline(models[name]).task == task
 
 
-def test_bart_task_comes_from_config_json(bart):
+def test_bart_task_comes_from_config_json(tiny_bart):
     from bertforge.models import BartConfig
 
-    assert infer_task(BartConfig.load(bart), str(bart)) == "summarization"
+    assert infer_task(BartConfig.load(tiny_bart), str(tiny_bart)) == "summarization"
 
 
 @pytest.mark.parametrize("name, task, kwargs, words", [
