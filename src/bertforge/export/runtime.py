@@ -147,6 +147,7 @@ class OnnxModel:
                               "a directory written by `bertforge export onnx`")
         self.spec: HeadSpec
         self.spec, source = resolve_head(directory)
+        self._output_type = self.spec.output_type  # imported once, built for every call
         self.config = source.config
         self.directory = directory
         self.path = file
@@ -189,7 +190,7 @@ class OnnxModel:
             if self.spec.head != "masked-lm":
                 raise ValueError("masked_positions applies to BertForMaskedLM exports only")
             fields["logits"] = fields["logits"][masked_positions.cpu()]
-        return self.spec.output_type(**fields)
+        return self._output_type(**fields)
 
     forward = __call__
 

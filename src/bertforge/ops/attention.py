@@ -110,15 +110,21 @@ def _nested_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout:
                       dropout_p: float) -> torch.Tensor:
     """The ``nested`` backend: SDPA on jagged nested tensors, PyTorch's fused varlen kernels on
     CUDA."""
+    if q.device.type != "cpu":
+        return _jagged_sdpa(q, k, v, layout, dropout_p)
     with warnings.catch_warnings():
-        # CPU only: PyTorch's math fallback for jagged inputs converts them to its prototype
-        # strided nested layout and says so on every call (no fused CPU kernel exists).
+        # PyTorch's CPU math fallback for jagged inputs converts them to its prototype strided
+        # nested layout and says so on every call (no fused CPU kernel exists).
         warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in "
                                 "prototype stage", category=UserWarning)
-        out = F.scaled_dot_product_attention(nested_heads(q, layout), nested_heads(k, layout),
-                                             nested_heads(v, layout), dropout_p=dropout_p)
-    return out.transpose(1, 2).values()
+        return _jagged_sdpa(q, k, v, layout, dropout_p)
 
+
+def _jagged_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+                 dropout_p: float) -> torch.Tensor:
+    out = F.scaled_dot_product_attention(nested_heads(q, layout), nested_heads(k, layout),
+                                         nested_heads(v, layout), dropout_p=dropout_p)
+    return out.transpose(1, 2).values()
 
 BUCKET = 32
 """Width granularity of the padded backend: sequences padded to the next multiple of 32 tokens,

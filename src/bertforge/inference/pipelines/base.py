@@ -6,6 +6,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -179,9 +180,10 @@ class Pipeline(ABC):
         for fill-mask), without the truncation note."""
 
     # -- shared machinery ---------------------------------------------------------------------
-    @property
+    @cached_property
     def input_names(self) -> tuple[str, ...]:
-        """The model's inputs, as its family says (BERT also takes token types)."""
+        """The model's inputs, as its family says (BERT also takes token types); looked up
+        once, read for every batch."""
         return family_of_config(self.config).inputs
 
     def parse_text(self, item: Mapping[str, Any]) -> TextRequest:
