@@ -11,7 +11,6 @@ validation pass are shared with BERT's pretraining (``bertforge.tasks.stream``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch.nn.functional as F
@@ -23,8 +22,9 @@ from bertforge.data.masking import normalize_special_ids
 from bertforge.data.noising import NoiseVocab
 from bertforge.errors import ConfigError
 from bertforge.ops.unpad import layout_from_batch
-from bertforge.tasks.stream import CorpusTask, check_data_vocab, starting_model, weights_source
-from bertforge.train.data import PreparedData
+from bertforge.models.loading import ModelSource
+from bertforge.tasks.stream import CorpusTask
+from bertforge.train.data import MakeBatch, PreparedData
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import seq2seq_train_flops
 
@@ -76,36 +76,33 @@ class DenoiseTask(CorpusTask):
         if prepared.tokenizer is None:
             raise ConfigError(f"{cfg.data.path}: denoising data must come from `bertforge "
                               "prepare` (its tokenizer is saved with it)")
-        # A resumed run has the same model (a run-defining key), so its config says the same.
-        self.source = weights_source(cfg, None)
-        if not self.source.family.seq2seq:
-            raise ConfigError(f"the data at {cfg.data.path} was prepared for BART denoising "
-                              f"(--objective denoise) but model {self.source.name} is not a "
+        super().__init__(cfg, info, spec, prepared)
+
+    def check_model(self, source: ModelSource) -> None:
+        if not source.family.seq2seq:
+            raise ConfigError(f"the data at {self.cfg.data.path} was prepared for BART denoising "
+                              f"(--objective denoise) but model {source.name} is not a "
                               "BART model; use model=bart-base, bart-large, bart-tiny or a BART "
                               "directory")
+
+    def batch_maker(self) -> MakeBatch:
+        """The record's batch maker (``DenoisingBatchMaker``): noise drawn per sample, sources
+        cut at the model's positions."""
+        cfg, maker = self.cfg, self.spec.batches.load()
         noise_spec, positions = cfg.data.noise.spec(), self.source.config.max_position_embeddings
-        maker = spec.batches.load()  # the record's: DenoisingBatchMaker
 
         def make_batch(dataset: Any, tokenizer: Any) -> Any:
             return maker(dataset, seed=cfg.train.seed, spec=noise_spec,
                          vocab=noise_vocab(tokenizer), pad_id=tokenizer.pad_id,
                          max_source_length=positions)
+        return make_batch
 
-        super().__init__(cfg, info, spec, prepared, make_batch)
-
-    def build_model(self, resume_from: Path | None) -> nn.Module:
-        """The checkpoint being resumed, else ``init_from`` weights, else a fresh model whose
-        vocabulary and special ids come from the data's tokenizer."""
-        source = self.source if resume_from is None else weights_source(self.cfg, resume_from)
+    def fresh_config(self) -> dict[str, Any]:
+        """Vocabulary size and special ids of the data's tokenizer."""
         tok = self.tokenizer
-        if source.directory is not None:
-            check_data_vocab(source, self.data, self.cfg)
-        else:
-            source = source.replace(
-                vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, bos_token_id=tok.cls_id,
-                eos_token_id=tok.sep_id, decoder_start_token_id=tok.sep_id,
-                forced_bos_token_id=tok.cls_id, forced_eos_token_id=tok.sep_id)
-        return starting_model(source, "seq2seq-lm", self.cfg, self.data, self.info.device)
+        return dict(vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, bos_token_id=tok.cls_id,
+                    eos_token_id=tok.sep_id, decoder_start_token_id=tok.sep_id,
+                    forced_bos_token_id=tok.cls_id, forced_eos_token_id=tok.sep_id)
 
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
         return seq2seq_loss(model, batch)

@@ -7,7 +7,7 @@ BART's denoising (``bertforge.tasks.stream``), and the runner does the rest.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import torch.nn.functional as F
 from torch import nn
@@ -15,7 +15,8 @@ from torch import nn
 from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
 from bertforge.errors import ConfigError
 from bertforge.ops.unpad import layout_from_batch
-from bertforge.tasks.stream import CorpusTask, check_data_vocab, starting_model, weights_source
+from bertforge.models.loading import ModelSource
+from bertforge.tasks.stream import CorpusTask
 from bertforge.train.flops import batch_train_flops
 
 
@@ -61,24 +62,23 @@ class PretrainTask(CorpusTask):
     name = "pretraining"
     stat_keys = ("loss", "mlm_loss", "mlm_acc")
 
-    def build_model(self, resume_from: Path | None) -> nn.Module:
-        """The checkpoint being resumed, else ``init_from`` weights, else a fresh model that
-        takes vocabulary size, casing and [PAD] id from the prepared data."""
-        source = weights_source(self.cfg, resume_from)
+    def check_model(self, source: ModelSource) -> None:
         if source.family.seq2seq:
             raise ConfigError(f"model {source.name} is a {source.family.name} model but the data "
                               f"at {self.cfg.data.path} is not denoising data; prepare it with "
                               "`bertforge prepare --objective denoise` (and a BPE vocabulary), "
                               "or choose a BERT model")
-        if source.directory is not None:
-            check_data_vocab(source, self.data, self.cfg)
-        else:
-            data = self.data
-            source = source.replace(**{k: v for k, v in (
-                ("vocab_size", data.vocab_size), ("do_lower_case", data.do_lower_case),
-                ("pad_token_id", data.pad_id)) if v is not None})
-        head = "pretraining" if self.data.has_pairs else "masked-lm"
-        return starting_model(source, head, self.cfg, self.data, self.info.device)
+
+    def fresh_config(self) -> dict[str, Any]:
+        """Vocabulary size, casing and [PAD] id of the prepared data (those it records)."""
+        data = self.data
+        return {k: v for k, v in (("vocab_size", data.vocab_size),
+                                  ("do_lower_case", data.do_lower_case),
+                                  ("pad_token_id", data.pad_id)) if v is not None}
+
+    def model_head(self) -> str:
+        """MLM + NSP/SOP, or MLM only when the data has no sentence pairs."""
+        return "pretraining" if self.data.has_pairs else "masked-lm"
 
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
         return pretraining_loss(model, batch)

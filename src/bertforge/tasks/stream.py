@@ -48,9 +48,9 @@ def evaluate_stream(model: nn.Module, data: PretrainData, info: DistInfo, num_ba
 
 
 def weights_source(cfg: PretrainConfig, resume_from: Path | None) -> ModelSource:
-    """Where the starting weights come from: the checkpoint being resumed (verified whole by
-    ``resolve_resume``), ``init_from`` (its model files verified here), or none: the ``model``
-    preset or config shapes a fresh model. config.json is read once."""
+    """Where the starting weights come from, config.json read: the checkpoint being resumed,
+    ``init_from``, or none: the ``model`` preset or config shapes a fresh model. Nothing is
+    verified here (``CorpusTask.build_model`` verifies the files it loads)."""
     if resume_from is not None:
         return open_model(resume_from, "resume")
     if cfg.init_from:
@@ -58,7 +58,6 @@ def weights_source(cfg: PretrainConfig, resume_from: Path | None) -> ModelSource
         if source.directory is None:
             raise ConfigError(f"init_from={cfg.init_from} is not a model directory; give a "
                               "checkpoint (e.g. runs/phase1/checkpoint-7038)")
-        verify_model_files(source.directory)
         return source
     # ``model`` gives the shape only (a preset, a config.json or a model directory's config):
     # training starts from fresh weights.
@@ -98,20 +97,25 @@ def starting_model(source: ModelSource, head: str, cfg: PretrainConfig, data: Pr
 
 
 class CorpusTask(ABC):
-    """A pretraining task over prepared data (the runner's ``Task``): its training and
-    validation streams, validation means of its loss's ``stat_keys``, a run of
-    ``train.max_steps``, its final checkpoint as its product. A subclass adds the model, the
-    loss and the summary lines."""
+    """A pretraining task over prepared data (the runner's ``Task``): its model (from the
+    checkpoint being resumed, ``init_from`` or a fresh one), its training and validation
+    streams, validation means of its loss's ``stat_keys``, a run of ``train.max_steps``, its
+    final checkpoint as its product. A subclass adds the model family check, what a fresh model
+    takes from the data, the batches when they are not masked-LM's, the loss and the summary
+    lines."""
 
     init_key = "init_from"
     supports_fsdp = True
     stat_keys: tuple[str, ...] = ("loss",)  # validation reports val_<key>
 
-    def __init__(self, cfg: PretrainConfig, info: DistInfo, spec: Any, prepared: PreparedData,
-                 make_batch: MakeBatch | None = None) -> None:
+    def __init__(self, cfg: PretrainConfig, info: DistInfo, spec: Any,
+                 prepared: PreparedData) -> None:
         # ``spec``: the task's record (``bertforge.tasks.registry``), given by the command.
         self.cfg, self.info, self.spec = cfg, info, spec
-        self.data = open_pretrain_data(cfg, info, prepared, make_batch)
+        # A resumed run has the same model (a run-defining key), so its config says the same.
+        self.source = weights_source(cfg, None)
+        self.check_model(self.source)
+        self.data = open_pretrain_data(cfg, info, prepared, self.batch_maker())
         self.train = self.data.train
         self.tokenizer = self.data.tokenizer
         self.phase = cfg.phase
@@ -123,9 +127,39 @@ class CorpusTask(ABC):
     def total_steps(self) -> int:
         return self.cfg.train.max_steps
 
+    # -- the task's own parts ---------------------------------------------------------------
+    def check_model(self, source: ModelSource) -> None:
+        """ConfigError unless a model of ``source``'s family can learn from this data."""
+
+    def batch_maker(self) -> MakeBatch | None:
+        """How micro-batches are made of the data; None: the loader's masked-LM batches."""
+        return None
+
+    def model_head(self) -> str:
+        """The head kind of the model trained (the record's)."""
+        return self.spec.head
+
+    @abstractmethod
+    def fresh_config(self) -> dict[str, Any]:
+        """Config fields a fresh model takes from the data (vocabulary size, special ids)."""
+
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
         """The training loss of ``batch`` and its logged stats."""
+
+    # -- shared ------------------------------------------------------------------------------
+    def build_model(self, resume_from: Path | None) -> nn.Module:
+        """The checkpoint being resumed (verified whole by ``resolve_resume``), else the
+        ``init_from`` weights (their files verified here), else a fresh model shaped by
+        ``model`` and the data; weights must have the data's vocabulary."""
+        source = self.source if resume_from is None else weights_source(self.cfg, resume_from)
+        if source.directory is None:
+            source = source.replace(**self.fresh_config())
+        else:
+            if resume_from is None:
+                verify_model_files(source.directory)
+            check_data_vocab(source, self.data, self.cfg)
+        return starting_model(source, self.model_head(), self.cfg, self.data, self.info.device)
 
     def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
         return evaluate_stream(model, self.data, self.info, self.cfg.train.eval_batches,
