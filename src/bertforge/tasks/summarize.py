@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
-import torch.distributed as dist
 from torch import nn
 
 from bertforge.data.batch import Batch, LossOutput
 from bertforge.data.finetuning.summarization import SummaryExample
 from bertforge.inference.generate import generate_texts, generation_settings
 from bertforge.tasks.denoise import seq2seq_batch_flops, seq2seq_loss
-from bertforge.tasks.finetuning import Encoded, Examples, FinetuneTask, unwrap
+from bertforge.tasks.finetuning import Encoded, Examples, FinetuneTask, gather_outputs, unwrap
 
 
 class SummarizationTask(FinetuneTask):
@@ -81,12 +80,7 @@ class SummarizationTask(FinetuneTask):
                               self.generation(model), batch_size=self.cfg.eval.batch_size,
                               device=self.info.device, autocast=autocast,
                               progress=self.info.is_main)
-        summaries = mine
-        if dist.is_available() and dist.is_initialized():
-            parts: list[Any] = [None] * self.info.world_size
-            dist.all_gather_object(parts, mine)
-            summaries = [s for part in parts for s in part]
-        return {"summaries": np.array(summaries, dtype=object)}
+        return gather_outputs({"summaries": np.array(mine, dtype=object)}, self.info)
 
     def score(self, outputs: dict[str, np.ndarray]) -> dict:
         references = [e.references for e in self.examples.evaluation]
