@@ -219,6 +219,18 @@ def test_unseen_validation_label_names_file_and_line(tiny_bert: Path, tmp_path: 
     assert code == 2 and f"{val}:3" in err and "'maybe'" in err, err
 
 
+@pytest.mark.parametrize("model", ["bert-tiny", "config.json", "missing/dir"])
+def test_a_model_without_weights_is_refused(model: str, tiny_bert: Path, tmp_path: Path,
+                                            capsys) -> None:
+    """Fine-tuning starts from weights: a preset or a bare config.json says so; a path that
+    does not exist says that."""
+    given = str(tiny_bert / model) if model != "bert-tiny" else model
+    code = main(["finetune", *args(given, tmp_path / "out", "reviews")])
+    err = capsys.readouterr().err
+    words = "does not exist" if model == "missing/dir" else "not a model directory"
+    assert code == 2 and words in err and "Traceback" not in err, err
+
+
 def test_model_without_tokenizer_is_refused(tiny_bert: Path, tmp_path: Path, capsys) -> None:
     bare = tmp_path / "bare"
     bare.mkdir()

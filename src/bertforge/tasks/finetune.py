@@ -29,9 +29,7 @@ def build_task(cfg: FinetuneConfig, info: DistInfo, labelled: bool = True) -> Fi
     if not cfg.model:
         raise ConfigError("model is not set: give --model=DIR (a Hugging Face BERT or BART "
                           "directory, or a bertforge checkpoint)")
-    if not Path(cfg.model).is_dir():
-        raise ConfigError(f"model={cfg.model} does not exist or is not a directory")
-    source = open_model(cfg.model)
+    source = open_model(cfg.model)  # a preset or config.json is refused by the task
     check_model_fits_task(spec, source.family, str(cfg.model), given=cfg.task)
     return spec.trainer.load()(cfg, info, spec, source, labelled)
 
