@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from bertforge.data.batch import Batch, LossOutput, real_tokens
 from bertforge.data.finetuning.qa_postprocess import NO_SPAN_ODDS
 from bertforge.data.finetuning.squad import postprocess_qa, qa_features, write_qa_outputs
-from bertforge.metrics.squad import SquadQuestion, score_v1, score_v2
+from bertforge.metrics.squad import SquadQuestion, score_v2
 from bertforge.tasks.finetuning import EncoderTask, Encoded, Examples, pad_to
 
 _MASKED_LOGIT = -1e4  # logits of padding positions, never chosen as a span end
@@ -91,8 +91,8 @@ class SquadTask(EncoderTask):
         preds = outputs["answers"]
         questions = [SquadQuestion(ex.id, tuple(a.text for a in ex.answers))
                      for ex in self.examples.evaluation]
-        if not self.version_2:
-            return score_v1(questions, preds.predictions)
+        if not self.version_2:  # the record's metric; v2 adds unanswerable questions
+            return self.spec.metric.load()(questions, preds.predictions)
         # The predictions already answer "" where the null score wins by the configured
         # threshold, so exact/f1 score them as they are (threshold inf); null_odds order the
         # questions for the official best-threshold search.
