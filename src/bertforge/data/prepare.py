@@ -49,38 +49,17 @@ from bertforge.core.signals import Stopped, raise_on_stop
 
 SETTINGS_NAME = "prepare-settings.json"
 TOKENIZER_DIR = "tokenizer"
-@raise_on_stop()  # SIGTERM/SIGUSR1 raise Stopped: the same clean exit as Ctrl-C
-def prepare(
-    inputs: Sequence[str | Path] | str | Path,
-    vocab: str | Path,
-    output: str | Path,
-    *,
-    max_seq_length: int = 128,
-    max_predictions: int = 20,
-    masked_lm_prob: float = 0.15,
-    short_seq_prob: float = 0.1,
-    objective: str = "nsp",
-    whole_word_masking: bool = False,
-    dupe_factor: int = 5,
-    validation_fraction: float = 0.01,
-    workers: int = 1,
-    seed: int = 12345,
-    fmt: str = "native",
-    input_format: str = "auto",
-    text_field: str = "text",
-    docs_per_shard: int = 2048,
-    chunk_bytes: int = 8 << 20,
-    length_bin_width: int = native_writer.DEFAULT_BIN_WIDTH,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> PrepareReport:
+
+
+def prepare(inputs: Sequence[str | Path] | str | Path, vocab: str | Path, output: str | Path,
+            *, fmt: str = "native", progress: bool = True, **settings: Any) -> PrepareReport:
     """Turn text files into pretraining shards in ``output`` and return a report.
 
-    Keywords mirror the ``bertforge prepare`` flags (``fmt`` is ``--format``); they become a
-    :class:`~bertforge.data.prepare_config.PrepareConfig` (which checks them all) and run
-    :func:`prepare_data`. ``objective`` is one of ``nsp``, ``sop``, ``none`` or ``denoise``;
-    ``denoise`` packs whole sentences as ``none`` does and also stores where each sentence ends
-    (for BART's sentence permutation; the noise is drawn at load time), which only
+    ``settings`` are the fields of :class:`~bertforge.data.prepare_config.PrepareConfig` (the
+    ``bertforge prepare`` flags, with their defaults and checks there; ``fmt`` is ``--format``),
+    run by :func:`prepare_data`. ``objective`` is one of ``nsp``, ``sop``, ``none`` or
+    ``denoise``; ``denoise`` packs whole sentences as ``none`` does and also stores where each
+    sentence ends (for BART's sentence permutation; the noise is drawn at load time), which only
     ``fmt="native"`` can hold. ``validation_fraction`` (default 0.01) is the probability that a
     document is held out for the ``validation`` split (0: no such split). ``dupe_factor``
     applies to ``fmt="hdf5"`` only: that many instance passes, each with its own static masks;
@@ -91,14 +70,8 @@ def prepare(
     Raises ``DataError``/``ConfigError`` for user mistakes.
     """
     inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    cfg = PrepareConfig(
-        input=[str(p) for p in inputs], vocab=str(vocab), output=str(output),
-        max_seq_length=max_seq_length, max_predictions=max_predictions,
-        masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob, objective=objective,
-        whole_word_masking=whole_word_masking, dupe_factor=dupe_factor,
-        validation_fraction=validation_fraction, workers=workers, seed=seed, format=fmt,
-        input_format=input_format, text_field=text_field, docs_per_shard=docs_per_shard,
-        chunk_bytes=chunk_bytes, length_bin_width=length_bin_width, overwrite=overwrite)
+    cfg = PrepareConfig(input=[str(p) for p in inputs], vocab=str(vocab), output=str(output),
+                        format=fmt, **settings)
     return prepare_data(cfg, progress=progress)
 
 
