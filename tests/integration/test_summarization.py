@@ -104,6 +104,12 @@ def test_lead_task_is_learned_and_every_command_agrees(tmp_path, lead, capsys):
     assert main(["predict", "--model", str(out), "--data", str(lead["dev"]),
                  "--output", str(tmp_path / "pred.jsonl")]) == 0
     assert [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()] == rows
+    # ... and its generation flags override the run's.
+    assert main(["predict", "--model", str(out), "--data", str(lead["dev"]), "--output",
+                 str(tmp_path / "short.jsonl"), "--max-length", "4", "--early-stopping",
+                 "true"]) == 0
+    short = [json.loads(x) for x in (tmp_path / "short.jsonl").read_text().splitlines()]
+    assert all(len(r["summary"].split()) <= 4 for r in short) and short != rows
 
     # transformers loads the directory whole and, with the saved generation_config.json,
     # generates the same tokens as bertforge.

@@ -85,17 +85,12 @@ class PredictConfig(GenerationOptions):
         return f"; did you mean --{close.replace('_', '-')}?" if close else ""
 
 
-def _as_override(key: str, value: object) -> str:
-    return f"--{key}={str(value).lower() if isinstance(value, bool) else value}"
-
-
 def run_predict(cfg: PredictConfig) -> int:
     if cfg.mode is None:
         from bertforge.inference.predict import predict_file
 
-        generation = [_as_override(f"eval.{k}", v) for k, v in cfg.generation_overrides().items()]
         out = predict_file(Path(cfg.model), Path(cfg.data), Path(cfg.output),
-                           [*generation, *cfg.finetune_overrides])
+                           cfg.finetune_overrides, values={"eval": cfg.generation_overrides()})
         save_config(cfg, beside(out))
         print(f"wrote predictions to {out}")
         return 0

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from bertforge.config import FinetuneConfig, load_config
 from bertforge.errors import ConfigError
@@ -36,9 +36,11 @@ def task_overrides(model: Path) -> list[str]:
     return [f"--task={spec.name}"]
 
 
-def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str] = ()) -> Path:
+def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str] = (),
+                 values: Mapping[str, Any] | None = None) -> Path:
     """Predictions for ``data`` written atomically to ``output`` (SQuAD: id -> answer JSON;
-    other tasks: JSON Lines with id and label/tags/summary)."""
+    other tasks: JSON Lines with id and label/tags/summary). ``overrides`` (``--key=value``)
+    and ``values`` (typed, nested) are fine-tuning config settings, as ``load_config`` takes."""
     from bertforge.tasks.finetune import build_task
     from bertforge.train.run import distributed_run
 
@@ -56,7 +58,7 @@ def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str]
         cfg = load_config(FinetuneConfig, base, [
             *picked, f"--model={model}", "--data.train=null", f"--data.validation={data}",
             "--data.validation_mismatched=null", "--data.max_eval_examples=null",
-            f"--output_dir={scratch}", *overrides])
+            f"--output_dir={scratch}", *overrides], values=values)
         with distributed_run(cfg, "predict") as info:
             task = build_task(cfg, info, labelled=False)
             task.evaluate_only()  # unlabelled: writes the predictions to scratch, no scores
