@@ -40,11 +40,11 @@ class Command:
         return self.run(cfg, options) if self.options is not None else self.run(cfg)
 
 
-def beside(output: str | Path, suffix: str = ".config.yaml") -> Path:
+def beside(output: str | Path) -> Path:
     """Where the resolved config of a command whose output is one file goes: next to it,
     ``summaries.jsonl`` -> ``summaries.jsonl.config.yaml``."""
     output = Path(output)
-    return output.with_name(output.name + suffix)
+    return output.with_name(output.name + ".config.yaml")
 
 
 __all__ = ["Command", "beside"]
