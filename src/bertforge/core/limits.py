@@ -16,6 +16,8 @@ OPTIMIZERS = ("lamb", "adamw")
 ATTENTION_BACKENDS = ("auto", "flash", "nested", "padded")  # bertforge.ops.attention.BACKENDS
 SCHEDULES = ("poly", "linear", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+INPUT_FORMATS = ("auto", "sentences", "paragraphs", "jsonl", "wiki")  # bertforge.data.corpus
+OBJECTIVES = ("nsp", "sop", "none", "denoise")  # bertforge.data.instances
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from xml.etree import ElementTree
 
 from bertforge.data.lines import DECOMPRESS_ERRORS, iter_lines
 from bertforge.data.segment import split_sentences, wiki_to_paragraphs
+from bertforge.core.limits import INPUT_FORMATS as FORMATS
 from bertforge.errors import ConfigError, DataError
 
 __all__ = [
@@ -30,7 +31,6 @@ __all__ = [
     "document_sentences",
 ]
 
-FORMATS = ("auto", "sentences", "paragraphs", "jsonl", "wiki")
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", "")
 JSON_SUFFIXES = (".jsonl", ".json")
 XML_SUFFIXES = (".xml",)

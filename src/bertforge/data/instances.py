@@ -24,9 +24,9 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
+from bertforge.core.limits import OBJECTIVES
 from bertforge.errors import ConfigError
 
-OBJECTIVES = ("nsp", "sop", "none", "denoise")
 
 # One document: sentences -> token ids. Kept as plain lists because instance building is a
 # sequential walk over small lists, which is where Python lists beat numpy.

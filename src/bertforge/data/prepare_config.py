@@ -2,8 +2,8 @@
 typed configs: every check happens here, before any file is read.
 
 Torch- and numpy-free, so the command line is built from them instantly. The choices of
-``input_format`` and ``objective`` are those of ``bertforge.data.corpus.FORMATS`` and
-``bertforge.data.instances.OBJECTIVES`` (tests/unit/test_commands.py keeps them equal).
+``input_format`` and ``objective`` come from ``bertforge.core.limits``, which the corpus reader
+and the instance builder check against too.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import List
 
 from bertforge.core import limits
+from bertforge.core.limits import INPUT_FORMATS, OBJECTIVES
 from bertforge.core.schema import REQUIRED, check_fields, opt
 from bertforge.errors import ConfigError
 
-INPUT_FORMATS = ("auto", "sentences", "paragraphs", "jsonl", "wiki")
-OBJECTIVES = ("nsp", "sop", "none", "denoise")
 FORMATS = ("native", "hdf5")
 
 
