@@ -23,11 +23,9 @@ from bertforge.tasks.registry import get_task, predict_modes
 MODES = predict_modes()
 """``bertforge predict`` mode -> task (the task registry's ``predict_mode`` of each task)."""
 PIPE_BATCH = 32  # stdin lines answered per batch when stdin is not a terminal
-
-
-def _question_mode() -> str:
-    return next(m for m, task in MODES.items()
-                if get_task(task).serving.form == "question-context")
+QUESTION_MODE = next(m for m, task in MODES.items()
+                     if get_task(task).serving.form == "question-context")
+"""The mode that asks about one passage (question answering); every other takes texts."""
 
 
 def _read_context(context: str | None, context_file: str | None) -> str:
@@ -80,11 +78,10 @@ def run_predict(mode: str, model: str | Path, *, question: str | None = None,
     """
     from bertforge.inference.pipelines import InputError, load_pipeline
 
-    # Question answering asks about one passage; every other task takes texts (its form).
-    asks = get_task(MODES[mode]).serving.form == "question-context"
+    asks = mode == QUESTION_MODE
     if not asks and (question is not None or context is not None or context_file):
         raise UserError(f"--question, --context and --context-file belong to predict "
-                        f"{_question_mode()}, not {mode}")
+                        f"{QUESTION_MODE}, not {mode}")
     if asks and texts:
         raise UserError(f"predict {mode} takes --question (and reads more from stdin), not --text")
     passage = _read_context(context, context_file) if asks else None
