@@ -10,8 +10,7 @@ import numpy as np
 
 from bertforge.config import GenerationOptions
 from bertforge.errors import ConfigError
-from bertforge.inference.pipelines.base import (InputError, Pipeline, _fields, _json_type,
-                                                _number, _text)
+from bertforge.inference.pipelines.base import (InputError, Pipeline, _fields, _number, _text)
 
 # --- summarization -------------------------------------------------------------------------------
 
@@ -29,14 +28,8 @@ _GENERATION_FIELDS = GenerationOptions.request_kinds()
 
 
 def _setting(item: Mapping[str, Any], name: str, kind: type | None) -> Any:
-    """A number field (``kind``), or early_stopping's true/false/"never"."""
-    if kind is not None:
-        return _number(item, name, kind)
-    value = item.get(name)
-    if value is not None and not (isinstance(value, bool) or value == "never"):
-        raise InputError(name, f'must be true, false or "never", got {_json_type(value)} '
-                               f"{value!r}")
-    return value
+    """A number field (``kind``), or early_stopping as given (GenerationConfig checks it)."""
+    return _number(item, name, kind) if kind is not None else item.get(name)
 
 
 @dataclass
