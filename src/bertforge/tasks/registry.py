@@ -35,13 +35,13 @@ SEQUENCE = "sequence"
 
 @dataclass(frozen=True)
 class Export:
-    """The ONNX signature of a task's model: inputs, and outputs named after the fields of the
-    head's output dataclass (``output_type``, which ``OnnxModel`` rebuilds), each with its
-    shape without the batch axis: ``SEQUENCE`` or the name of a config attribute."""
+    """The ONNX signature of a task's model (its inputs are ``ENCODER_INPUTS``): outputs named
+    after the fields of the head's output dataclass (``output_type``, which ``OnnxModel``
+    rebuilds), each with its shape without the batch axis: ``SEQUENCE`` or the name of a config
+    attribute."""
 
     output_type: Ref
     outputs: tuple[tuple[str, tuple[str, ...]], ...]
-    inputs: tuple[str, ...] = ENCODER_INPUTS
 
     @property
     def output_names(self) -> tuple[str, ...]:
