@@ -49,6 +49,26 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def config_file(path: Path) -> Path | None:
+    """The config.json that ``path`` names (the file itself, or the one in a model directory);
+    None when ``path`` is neither (a preset name); ConfigError for a directory without one."""
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} is a directory without config.json: not a model "
+                              "directory")
+        return path / "config.json"
+    return path if path.is_file() else None
+
+
+def unknown_model(name: str, presets: list[str]) -> ConfigError:
+    """The error for a model name that is neither a config.json, a model directory nor one of
+    ``presets`` (with the closest preset)."""
+    close = difflib.get_close_matches(name, presets, n=1, cutoff=0.5)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return ConfigError(f"'{name}' is neither an existing config.json / model directory nor a "
+                       f"preset.{hint} Valid presets: {', '.join(presets)}")
+
+
 class ModelConfig:
     """Mixin of the family config dataclasses (see the module docstring)."""
 
@@ -205,22 +225,13 @@ class ModelConfig:
     @classmethod
     def load(cls: type[C], name_or_path: str | os.PathLike[str]) -> C:
         """Load from a preset name, a config.json file, or a directory holding config.json."""
-        path = Path(name_or_path)
-        if path.is_dir():
-            if not (path / "config.json").is_file():
-                raise ConfigError(f"{path} is a directory without config.json: not a model "
-                                  "directory")
-            return cls.from_json_file(path / "config.json")
-        if path.is_file():
-            return cls.from_json_file(path)
+        file = config_file(Path(name_or_path))
+        if file is not None:
+            return cls.from_json_file(file)
         name = str(name_or_path)
         if name in cls.presets:
             return cls.from_preset(name)
-        close = difflib.get_close_matches(name, cls.presets, n=1, cutoff=0.5)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(
-            f"'{name}' is neither an existing config.json / model directory nor a preset.{hint} "
-            f"Valid presets: {', '.join(cls.presets)}")
+        raise unknown_model(name, list(cls.presets))
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -19,7 +19,6 @@ The record names classes by ``Ref`` so that reading it imports no torch.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, Mapping
 
 from bertforge.core.refs import Ref
 from bertforge.errors import ConfigError
-from bertforge.models.config_base import read_config_file
+from bertforge.models.config_base import config_file, read_config_file, unknown_model
 
 HEAD_KINDS = ("base", "pretraining", "masked-lm", "question-answering", "sequence-classification",
               "token-classification", "multiple-choice", "seq2seq-lm")
@@ -156,11 +155,8 @@ def preset_names() -> list[str]:
 def resolve_config(name_or_path: str | os.PathLike[str]) -> tuple[FamilySpec, Any]:
     """(family, config) of a preset name, a config.json or a model directory; config.json is
     read once. ConfigError for anything else, with the closest preset name."""
-    path = Path(name_or_path)
-    file = path / "config.json" if path.is_dir() else path
-    if path.is_dir() and not file.is_file():
-        raise ConfigError(f"{path} is a directory without config.json: not a model directory")
-    if file.is_file():
+    file = config_file(Path(name_or_path))
+    if file is not None:
         data = read_config_file(file)
         family = family_of_type(data.get("model_type"), str(file))
         return family, family.config_class().from_dict(data, source=str(file))
@@ -168,11 +164,7 @@ def resolve_config(name_or_path: str | os.PathLike[str]) -> tuple[FamilySpec, An
     family = preset_family(name)
     if family is not None:
         return family, family.config_class().from_preset(name)
-    names = preset_names()
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ConfigError(f"'{name}' is neither an existing config.json / model directory nor a "
-                      f"preset.{hint} Valid presets: {', '.join(names)}")
+    raise unknown_model(name, preset_names())
 
 
 __all__ = ["BART", "BERT", "FAMILIES", "HEAD_KINDS", "FamilySpec", "family_of_architecture",
