@@ -146,9 +146,10 @@ class OnnxModel:
             raise ConfigError(f"--model {path}: {file.name} not found in {directory}{hint}; give "
                               "a directory written by `bertforge export onnx`")
         self.spec: HeadSpec
-        self.spec, source = resolve_head(directory)
+        self.spec, self.source = resolve_head(directory)
+        """The head's signature; the directory's family and config (config.json read once)."""
         self._output_type = self.spec.output_type  # imported once, built for every call
-        self.config = source.config
+        self.config = self.source.config
         self.directory = directory
         self.path = file
         self.session = ort_session(file, providers=wanted, threads=threads)

@@ -96,14 +96,15 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     model's positions within the tokenizer's limit). ``truncation``: "error" or "truncate"
     (default: "truncate" for summarization, else "error"; QA windows instead). ``backend``: a
     callable with the PyTorch model's call signature and outputs (e.g. onnxruntime-backed) used
-    instead of the PyTorch model. ``options``: the task's own (QA: doc_stride, max_query_length,
+    instead of the PyTorch model; one with a ``device`` has chosen it (``device`` is then not
+    read) and one with a ``source`` has read config.json (as ``OnnxModel``). ``options``: the task's own (QA: doc_stride, max_query_length,
     n_best_size, max_answer_length, null_score_diff_threshold, max_windows; fill-mask: top_k;
     feature-extraction: pooling, normalize). User mistakes raise ``ConfigError``.
     """
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"model {model_dir} is not a model directory (no config.json)")
-    source = open_model(model_dir)
+    source = getattr(backend, "source", None) or open_model(model_dir)
     config = source.config
     spec = get_task(task if task is not None else infer_task(config, str(model_dir)),
                     served=True)
@@ -131,11 +132,10 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     if max_length is not None and not 3 <= max_length <= positions:
         raise ConfigError(f"max_length={max_length} must be between 3 and the model's "
                           f"{positions} positions")
-    target = _device(device)
-    if backend is not None:
-        # A backend runs where its runtime put it (its ``device``; onnxruntime may have dropped
-        # CUDA): report that device, and keep the inputs on the CPU when it is the CPU.
-        target = torch.device(getattr(backend, "device", target))
+    # A backend runs where its runtime put it (its ``device``; onnxruntime may have dropped
+    # CUDA): report that device, and keep the inputs on the CPU when it is the CPU.
+    placed = getattr(backend, "device", None)
+    target = _device(device) if placed is None else torch.device(placed)
     model = backend if backend is not None else _load_model(spec, source, target)
     extra: dict[str, Any] = {**settings, **options}
     return cls(task=spec.name, model=model, tokenizer=tokenizer, model_dir=model_dir,
