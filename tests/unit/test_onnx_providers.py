@@ -187,6 +187,17 @@ def test_serve_reports_cpu_when_onnxruntime_dropped_cuda(monkeypatch, fake_sessi
     assert any(CUDA_PROVIDER in r.getMessage() for r in warnings_of_runtime.records)
 
 
+def test_serve_runs_onnx_on_cuda_without_torch_cuda(monkeypatch, fake_session, qa_dir):
+    """onnxruntime-gpu beside a CPU build of torch: the session's device is the pipeline's;
+    torch is not asked whether it sees the GPU."""
+    from bertforge.serve.server import _load
+
+    _machine(monkeypatch, ort_cuda=True, torch_gpu=False)
+    pipeline, _ = _load(qa_dir, None, "onnx", "cuda", None, True)
+    assert fake_session.created == [[CUDA_PROVIDER, CPU_PROVIDER]]
+    assert pipeline.device == torch.device("cuda") and pipeline.describe()["device"] == "cuda"
+
+
 def test_serve_refuses_cuda_without_onnxruntime_gpu(monkeypatch, fake_session, qa_dir):
     from bertforge.serve import serve
 
