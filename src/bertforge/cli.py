@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from bertforge.commands import COMMANDS, Command
 from bertforge.core.schema import (REQUIRED, closest_key, config_keys, default_of, describe,
-                                   deprecation_note, load_config, section_type)
+                                   deprecation_note, flag, load_config, section_type)
 from bertforge.core.signals import Stopped, raise_on_stop
 from bertforge.errors import ConfigError, RunError, UserError, os_error_text
 
@@ -49,10 +49,6 @@ class _Renamed(argparse.Action):
     def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
         deprecation_note(str(option), self.new)
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _number(kind: type, minimum: float | None) -> Any:
@@ -114,15 +110,15 @@ def _add_field(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any,
         nargs = {"nargs": "?", "default": None} if positional == "?" else {}
         p.add_argument(f.name, help=_help(f, True), **nargs, **kw)
         return
-    p.add_argument(_flag(f.name), dest=dest, default=argparse.SUPPRESS,
+    p.add_argument(flag(f.name), dest=dest, default=argparse.SUPPRESS,
                    help=_help(f, False), **kw)
     for old in f.metadata.get("aliases", ()):
         if old == "config":  # --config is the YAML file of every command; see _yaml_file
             continue
         action = {"nargs": 0, "const": True} if kw.get("action") == "store_true" else {
             k: v for k, v in kw.items() if k != "action"}
-        p.add_argument(_flag(old), dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
-                       action=_Renamed, new=_flag(f.name), **action)
+        p.add_argument(flag(old), dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                       action=_Renamed, new=flag(f.name), **action)
 
 
 def _ordered(cls: type) -> list[dataclasses.Field]:
@@ -157,7 +153,7 @@ def _epilog(command: Command) -> str:
                 + "\n".join(describe(command.config))
                 + f"\n\nrecipes (--config NAME{folder}):\n"
                 + "\n".join(f"  {name}" for name in list_recipes(*command.recipes)))
-    renamed = [f"{_flag(old)} (now {_flag(f.name)})" for f in dataclasses.fields(command.config)
+    renamed = [f"{flag(old)} (now {flag(f.name)})" for f in dataclasses.fields(command.config)
                for old in f.metadata.get("aliases", ())]
     text = ("Every option is also a config key: give settings in a YAML file with --config "
             f"FILE.yaml, or as --key=value (e.g. {_example(command.config)}); the command line "
@@ -253,7 +249,7 @@ def _unknown_option(command: Command, item: str, parser: argparse.ArgumentParser
     hint = next(iter(difflib.get_close_matches(item, flags, n=1, cutoff=0.7)), None)
     close = None if hint else closest_key(command.config, item[2:].replace("-", "_"))
     if close:
-        hint = _flag(close) if command.flat and "." not in close else f"--{close}=..."
+        hint = flag(close) if command.flat and "." not in close else f"--{close}=..."
     return ConfigError(f"unknown option '{item}' of `bertforge {command.name}`."
                        f"{f' Did you mean {hint!r}?' if hint else ''} Run with --help to list "
                        "the options.")
@@ -282,7 +278,7 @@ def _yaml_file(command: Command, given: str | None, values: dict[str, Any]) -> A
                if "config" in f.metadata.get("aliases", ())]
     if renamed and not given.endswith((".yaml", ".yml")):
         deprecation_note(f"--config {given} (the {renamed[0].replace('_', ' ')})",
-                         _flag(renamed[0]))
+                         flag(renamed[0]))
         values.setdefault(renamed[0], given)
         return None
     if command.recipes:

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from bertforge.commands.base import Command, beside
 from bertforge.config import GenerationOptions
-from bertforge.core.schema import REQUIRED, check_fields, closest_key, opt, save_config
+from bertforge.core.schema import REQUIRED, check_fields, closest_key, flag, opt, save_config
 from bertforge.errors import ConfigError
 from bertforge.inference.interactive import MODES
 
@@ -66,7 +66,7 @@ class PredictConfig(GenerationOptions):
             given = [f for f in ("question", "context", "context_file", "text")
                      if getattr(self, f)]
             if given:
-                raise ConfigError(f"--{given[0].replace('_', '-')} needs a MODE, e.g. "
+                raise ConfigError(f"{flag(given[0])} needs a MODE, e.g. "
                                   "`bertforge predict qa --model DIR --question Q --context C`")
             if not (self.data and self.output):
                 raise ConfigError("predict needs a MODE (qa, classify, tag, fill-mask, "
@@ -82,7 +82,7 @@ class PredictConfig(GenerationOptions):
         """A predict option that a fine-tuning setting given with a MODE may have meant."""
         key = self.finetune_overrides[0][2:].split("=")[0] if self.finetune_overrides else ""
         close = closest_key(PredictConfig, key) if key else None
-        return f"; did you mean --{close.replace('_', '-')}?" if close else ""
+        return f"; did you mean {flag(close)}?" if close else ""
 
 
 def run_predict(cfg: PredictConfig) -> int:

@@ -238,9 +238,15 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
         raise ConfigError(f"invalid config: {exc}") from None
 
 
+def flag(key: str) -> str:
+    """The command-line flag of a top-level config key: ``max_seq_length`` ->
+    ``--max-seq-length``."""
+    return "--" + key.replace("_", "-")
+
+
 def _how_to_set(key: str) -> str:
-    flag = f"--{key}=VALUE" if "." in key else f"--{key.replace('_', '-')}"
-    return f": give {flag}, or `{key}:` in the --config file"
+    given = f"--{key}=VALUE" if "." in key else flag(key)
+    return f": give {given}, or `{key}:` in the --config file"
 
 
 def to_dict(cfg: Any) -> dict:
@@ -273,5 +279,5 @@ def describe(cls: type, prefix: str = "") -> list[str]:
 
 
 __all__ = ["REQUIRED", "check_fields", "closest_key", "config_keys", "default_of", "describe",
-           "deprecation_note", "load_config", "opt", "run_defining_keys", "save_config",
+           "deprecation_note", "flag", "load_config", "opt", "run_defining_keys", "save_config",
            "section_type", "to_dict", "unknown_key_error"]
