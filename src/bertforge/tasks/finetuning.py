@@ -37,7 +37,7 @@ from bertforge.config import FinetuneConfig
 from bertforge.core.io import write_json_atomic, write_text_atomic
 from bertforge.data.batch import Batch, LossOutput, real_tokens, to_device
 from bertforge.data.collate.sequences import SEQUENCE_KEYS, SequenceFeatures
-from bertforge.data.loader import PretrainingLoader, pin_batch
+from bertforge.data.loader import PretrainingLoader
 from bertforge.errors import ConfigError, DataError
 from bertforge.models.loading import ModelSource, open_model
 from bertforge.tasks.base import steps_for_epochs
@@ -110,10 +110,9 @@ def predict(model: nn.Module, features: SequenceFeatures, batch_size: int, info:
     share = np.array_split(np.arange(len(features)), info.world_size)[info.rank]
     parts: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(share), batch_size):
-        batch = features.collate(share[start:start + batch_size])
-        if info.device.type == "cuda":
-            batch = pin_batch(batch)  # the copy below then overlaps the previous batch's work
-        batch = to_device(batch, info.device)
+        # Not pinned: reading each batch's outputs back waits for the GPU, so an asynchronous
+        # copy would overlap nothing and pinning would only add a host copy.
+        batch = to_device(features.collate(share[start:start + batch_size]), info.device)
         with autocast():
             out = model(**{k: batch[k] for k in SEQUENCE_KEYS})
         for key, value in outputs(out, batch).items():
