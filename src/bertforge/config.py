@@ -10,15 +10,16 @@ their commands (``bertforge.commands``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, List, Optional, Union
 
 from bertforge.core import limits
-from bertforge.core.limits import (ATTENTION_BACKENDS, OPTIMIZERS, PRECISIONS, SCHEDULES,
-                                   check_choice)
-from bertforge.core.schema import (describe, load_config, opt, run_defining_keys, save_config,
-                                   to_dict)
+from bertforge.core.limits import (ATTENTION_BACKENDS, MIN_SEQUENCE_TOKENS, MIN_TARGET_TOKENS,
+                                   OPTIMIZERS, PRECISIONS, SCHEDULES, check_choice)
+from bertforge.core.schema import (check_fields, describe, load_config, opt, run_defining_keys,
+                                   save_config, to_dict)
 from bertforge.errors import ConfigError
 
 __all__ = ["FinetuneConfig", "GenerationOptions", "NoiseConfig", "PretrainConfig", "RunConfig",
@@ -245,9 +246,11 @@ class FinetuneDataConfig:
     max_seq_length: Optional[int] = opt(None, "Tokens per sequence (pair); default 384 for squad, "
                                         "1024 for summarization (the source article), 128 "
                                         "otherwise; at most the model's positions.",
-                                        run_defining=True)
-    max_target_length: int = opt(256, "summarization: reference summaries are cut to this many "
-                                 "tokens for training.", run_defining=True)
+                                        run_defining=True, minimum=MIN_SEQUENCE_TOKENS)
+    max_target_length: Optional[int] = opt(None, "summarization: reference summaries are cut to "
+                                           "this many tokens for training; default 256, at most "
+                                           "the model's positions.", run_defining=True,
+                                           minimum=MIN_TARGET_TOKENS)
     article_field: Optional[str] = opt(None, "summarization: the source column; default: "
                                        "detected (article, document, text, source, input).",
                                        run_defining=True)
@@ -255,9 +258,9 @@ class FinetuneDataConfig:
                                        "detected (summary, highlights, target, abstract).",
                                        run_defining=True)
     doc_stride: int = opt(128, "squad: tokens between the starts of consecutive windows of a long "
-                          "context.", run_defining=True)
+                          "context.", run_defining=True, minimum=1)
     max_query_length: int = opt(64, "squad: questions are cut to this many tokens.",
-                                run_defining=True)
+                                run_defining=True, minimum=1)
     text_columns: Optional[List[str]] = opt(None, "classification: one or two text columns; "
                                             "default: detected from the header.",
                                             run_defining=True)
@@ -266,17 +269,12 @@ class FinetuneDataConfig:
     regression: bool = opt(False, "classification: the label is a number (one output, MSE loss).",
                            run_defining=True)
     max_train_examples: Optional[int] = opt(None, "Use only the first N training examples.",
-                                            run_defining=True)
-    max_eval_examples: Optional[int] = opt(None, "Evaluate on the first N examples only.")
+                                            run_defining=True, minimum=1)
+    max_eval_examples: Optional[int] = opt(None, "Evaluate on the first N examples only.",
+                                           minimum=1)
 
     def __post_init__(self) -> None:
-        for name in ("max_seq_length", "max_train_examples", "max_eval_examples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"data.{name} must be >= 1, got {value}")
-        for name in ("doc_stride", "max_query_length", "max_target_length"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self, "data.")
         if self.text_columns is not None and not 1 <= len(self.text_columns) <= 2:
             raise ConfigError(f"data.text_columns takes one or two column names, got "
                               f"{list(self.text_columns)}")
@@ -334,14 +332,13 @@ def check_generation_settings(given: dict[str, Any], prefix: str = "") -> None:
 
     Settings are checked together; a minimum length without a maximum is checked against no
     limit, since the model's own maximum applies later."""
-    from bertforge.models.generation.config import GenerationConfig
+    from bertforge.models.generation.config import GenerationConfig, named_as
 
     free = {} if "max_length" in given else {"max_length": None, "max_new_tokens": 1 << 30}
     try:
         GenerationConfig(**free, **given)
     except ConfigError as exc:
-        raise ConfigError(str(exc).replace("generation setting ",
-                                           f"generation setting {prefix}", 1)) from None
+        raise named_as(exc, lambda name: prefix + name) from None
 
 
 @dataclass
@@ -362,6 +359,9 @@ class EvalConfig(GenerationOptions):
         for name in ("batch_size", "n_best_size", "max_answer_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
+        if not math.isfinite(self.null_score_diff_threshold):
+            raise ConfigError(f"eval.null_score_diff_threshold must be a finite number, got "
+                              f"{self.null_score_diff_threshold}")
 
 
 @dataclass

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from bertforge.commands.base import Command
+from bertforge.core.io import json_text
 from bertforge.core.schema import REQUIRED, check_fields, opt
 from bertforge.errors import ConfigError
 
@@ -52,7 +52,7 @@ def run_evaluate(cfg: EvaluateConfig) -> int:
 
         scores = evaluate_squad_files(Path(cfg.data), Path(cfg.predictions),
                                       Path(cfg.na_probs) if cfg.na_probs else None)
-    print(json.dumps(scores, indent=2))
+    print(json_text(scores, "evaluate", indent=2))
     return 0
 
 

@@ -9,6 +9,7 @@ from typing import Optional
 
 from bertforge.commands.base import Command, beside
 from bertforge.config import GenerationOptions
+from bertforge.core.limits import MIN_SEQUENCE_TOKENS
 from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
 
 
@@ -25,7 +26,7 @@ class GenerateConfig(GenerationOptions):
     batch_size: int = opt(8, "Texts per batch.", minimum=1)
     device: str = opt("auto", "auto (cuda if available), cpu, cuda, cuda:1...")
     max_source_length: Optional[int] = opt(None, "Input tokens kept per text (default: the "
-                                           "model's positions).", minimum=1)
+                                           "model's positions).", minimum=MIN_SEQUENCE_TOKENS)
 
     def __post_init__(self) -> None:
         check_fields(self)

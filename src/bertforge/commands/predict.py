@@ -10,6 +10,7 @@ from typing import List, Optional
 
 from bertforge.commands.base import Command, beside
 from bertforge.config import GenerationOptions
+from bertforge.core.limits import MIN_SEQUENCE_TOKENS
 from bertforge.core.schema import REQUIRED, check_fields, closest_key, flag, opt, save_config
 from bertforge.errors import ConfigError
 from bertforge.inference.interactive import MODES
@@ -42,7 +43,7 @@ class PredictConfig(GenerationOptions):
                          choices=("auto", "fp32", "bf16", "fp16"))
     max_seq_length: Optional[int] = opt(None, "Tokens per input (default: the run's "
                                         "data.max_seq_length for qa, else the model's "
-                                        "positions).", minimum=1)
+                                        "positions).", minimum=MIN_SEQUENCE_TOKENS)
     truncation: Optional[str] = opt(None, "An input over --max-seq-length: an error, or cut (and "
                                     "marked). Default: truncate for summarize, error otherwise; "
                                     "qa splits long passages into windows instead.",

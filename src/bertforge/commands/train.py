@@ -21,6 +21,10 @@ def seed_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text}")
     if not seeds or min(seeds) < 0:
         raise argparse.ArgumentTypeError(f"expected seeds >= 0, got {text}")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:  # two runs into one seed-N folder, and a median that counts one run twice
+        raise argparse.ArgumentTypeError(f"seed {repeated[0]} is given twice in {text}; give "
+                                         "each seed once")
     return seeds
 
 

@@ -16,14 +16,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import secrets
+import socket
+import time
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 from bertforge.errors import ConfigError
 
 TMP_MARK = ".tmp-"
+log = logging.getLogger(__name__)
 
 
 def temp_name(path: Path) -> Path:
@@ -63,8 +74,13 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None], *,
     # O_EXCL reserves the name; mode 0o666 lets the umask decide, as a plain open() would
     # (tempfile.mkstemp would publish every file as 0600).
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    mode = os.stat(tmp).st_mode & 0o777  # 0o666 less the umask
     try:
         write(tmp)
+        if os.stat(tmp).st_mode & 0o777 != mode:
+            # A writer that replaced the file (safetensors writes its own 0600 file) does not
+            # decide who may read what bertforge publishes: the umask does.
+            os.chmod(tmp, mode)
         if fsync:
             fsync_file(tmp)
         os.replace(tmp, path)
@@ -90,15 +106,52 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, fsync: bool = 
     return write_bytes_atomic(path, text.encode("utf-8"), fsync=fsync)
 
 
+def finite_json(obj: Any, where: str) -> Any:
+    """``obj`` with every NaN and infinity (at any depth) replaced by None, so that it can be
+    written as standard JSON (``json.dumps`` would write the bare ``NaN`` no JSON parser takes).
+
+    A value that is not finite is a metric undefined for its inputs (Pearson's r of constant
+    labels, a no-answer probability of an empty set...); each replacement is named in one
+    warning, ``where`` saying which file or line it was bound for."""
+    replaced: list[str] = []
+
+    def clean(value: Any, key: str) -> Any:
+        if isinstance(value, float):
+            if math.isfinite(value):
+                return value
+            replaced.append(f"{key}={value}")
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = clean(obj, "")
+    if replaced:
+        more = f" and {len(replaced) - 1} more" if len(replaced) > 1 else ""
+        log.warning("%s: %s%s is undefined (not a finite number) and is written as null",
+                    where, replaced[0], more)
+    return out
+
+
+def json_text(obj: Any, where: str, **dumps: Any) -> str:
+    """``json.dumps(obj, **dumps)`` that always gives standard JSON: non-finite numbers become
+    null with a warning naming them (:func:`finite_json`)."""
+    return json.dumps(finite_json(obj, where), allow_nan=False, **dumps)
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2,
                       sort_keys: bool = True, ensure_ascii: bool = True,
                       fsync: bool = True) -> Path:
     """Write ``obj`` as JSON plus a final newline to ``path`` atomically.
 
     Keys are sorted by default so the bytes depend only on the content; pass
-    ``sort_keys=False`` where the insertion order is meant for human readers.
+    ``sort_keys=False`` where the insertion order is meant for human readers. Non-finite
+    numbers are written as null, with a warning (:func:`finite_json`).
     """
-    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+    text = json_text(obj, str(path), indent=indent, sort_keys=sort_keys,
+                     ensure_ascii=ensure_ascii)
     return write_text_atomic(path, text + "\n", fsync=fsync)
 
 
@@ -119,6 +172,89 @@ def ensure_writable_dir(path: str | os.PathLike[str], key: str) -> Path:
         raise ConfigError(f"{key} {path} is not writable: {exc.strerror or exc}{where}; choose "
                           "a writable directory or fix its permissions") from None
     return path
+
+
+def check_output_file(path: str | os.PathLike[str], key: str) -> Path:
+    """Prove that a command can publish its one output file at ``path`` before it does any
+    work: not a directory, in a writable directory (created if needed). ``ConfigError`` naming
+    ``key`` and the path otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{key} {path} is a directory; give the file to write, e.g. "
+                          f"{path / 'predictions.jsonl'}")
+    ensure_writable_dir(path.parent, f"{key} {path}: its folder")
+    return path
+
+
+# --------------------------------------------------------------------------- output locks
+
+LOCK_NAME = ".bertforge.lock"
+
+
+def _holder(fd: int) -> str:
+    """What the lock file says about the process that holds it (best effort)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return (f" (pid {info['pid']} on {info['host']}: `{info['command']}`, since "
+                f"{info['since']})")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+@contextmanager
+def output_lock(directory: str | os.PathLike[str], key: str, command: str, *,
+                beside: bool = False) -> Iterator[Path]:
+    """Hold an exclusive lock on ``directory`` while the body runs, so that two commands never
+    write into one output directory at once; a second one fails at once with a ``ConfigError``
+    naming the first (pid, host, command, start time).
+
+    The lock is ``flock`` on ``directory/.bertforge.lock`` (the directory is created), or with
+    ``beside`` on ``.NAME.bertforge.lock`` next to it, for an output published whole by a
+    rename (the directory must not exist yet). The kernel releases the lock when the holder
+    exits, however it exits (a SIGKILLed run leaves no stale lock); the file is removed on
+    release, and so is the directory if this call created it and it is still empty (a command
+    refused by its first checks leaves nothing behind). Where ``flock`` does not exist
+    (Windows), nothing is locked.
+    """
+    directory = Path(directory)
+    created = not beside and not directory.exists()
+    if beside:
+        ensure_writable_dir(directory.parent, f"{key} {directory}: its folder")
+        path = directory.with_name(f".{directory.name}{LOCK_NAME}")
+    else:
+        path = ensure_writable_dir(directory, key) / LOCK_NAME
+    if fcntl is None:
+        yield directory
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise ConfigError(f"{key} {directory} is in use by another bertforge command"
+                              f"{holder}; wait for it to finish, or choose another {key}") from None
+        try:  # the holder before us may have removed the file between our open and our lock
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        yield directory
+    finally:
+        with suppress(OSError):
+            os.unlink(path)  # before unlocking: no one can lock this file after us
+        os.close(fd)  # releases the lock
+        if created:
+            with suppress(OSError):  # fails unless empty: nothing written is ever removed
+                directory.rmdir()
 
 
 # --------------------------------------------------------------------------- checksums
@@ -178,6 +314,7 @@ def verify_checksums(directory: str | os.PathLike[str], recorded: dict[str, str]
     return problems
 
 
-__all__ = ["CHECKSUMS_NAME", "TMP_MARK", "atomic_write", "ensure_writable_dir", "fsync_dir",
-           "fsync_file", "read_checksums", "sha256_file", "temp_name", "verify_checksums",
+__all__ = ["CHECKSUMS_NAME", "LOCK_NAME", "TMP_MARK", "atomic_write", "check_output_file",
+           "ensure_writable_dir", "finite_json", "fsync_dir", "fsync_file", "json_text",
+           "output_lock", "read_checksums", "sha256_file", "temp_name", "verify_checksums",
            "write_bytes_atomic", "write_checksums", "write_json_atomic", "write_text_atomic"]

@@ -18,6 +18,11 @@ SCHEDULES = ("poly", "linear", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 INPUT_FORMATS = ("auto", "sentences", "paragraphs", "jsonl", "wiki")  # bertforge.data.corpus
 OBJECTIVES = ("nsp", "sop", "none", "denoise")  # bertforge.data.instances
+MIN_SEQUENCE_TOKENS = 4
+"""The shortest input length setting: the special tokens of a text pair's template
+(``[CLS] A [SEP] B [SEP]``, ``<s> A </s></s> B </s>`` less one) plus a token of text."""
+MIN_TARGET_TOKENS = 3
+"""The shortest summary length setting: ``<s>``, one token, ``</s>``."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,19 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...],
         raise error(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
+def length_within(value: int | None, name: str, default: int, positions: int,
+                  error: type[Exception] = ValueError) -> int:
+    """A length setting against a model's ``positions``: ``value``, else ``default`` capped at
+    them; an explicit value beyond them raises ``error`` naming ``name`` (checked before any
+    data is read, so the run does not fail at the first long input)."""
+    if value is None:
+        return min(default, positions)
+    if value > positions:
+        raise error(f"{name}={value} exceeds the model's {positions} positions; lower it")
+    return value
+
+
 __all__ = ["ATTENTION_BACKENDS", "BETA", "DIST_TIMEOUT_S", "EPS", "FRACTION", "LEARNING_RATE",
-           "MASKED_LM_PROB", "MAX_GRAD_NORM", "OPTIMIZERS", "POWER", "PRECISIONS", "Range",
-           "SCHEDULES", "WARMUP",
-           "WEIGHT_DECAY", "check_choice"]
+           "MASKED_LM_PROB", "MAX_GRAD_NORM", "MIN_SEQUENCE_TOKENS", "MIN_TARGET_TOKENS",
+           "OPTIMIZERS", "POWER", "PRECISIONS", "Range", "SCHEDULES", "WARMUP", "WEIGHT_DECAY",
+           "check_choice", "length_within"]

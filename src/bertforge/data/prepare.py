@@ -44,7 +44,7 @@ from bertforge.data.prepare_report import (  # noqa: F401 (the estimate's consta
     human as _human)
 from bertforge.data.prepare_worker import load_tokenizer
 from bertforge.errors import DataError
-from bertforge.core.io import write_json_atomic
+from bertforge.core.io import LOCK_NAME, output_lock, write_json_atomic
 from bertforge.core.signals import Stopped, raise_on_stop
 
 SETTINGS_NAME = "prepare-settings.json"
@@ -105,13 +105,16 @@ def prepare_data(cfg: PrepareConfig, *, progress: bool = True) -> PrepareReport:
     settings = _settings(cfg, sources)
     fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
     output = Path(cfg.output)
-    _claim_output(output, settings, fingerprint, cfg.overwrite)
-    sources.tokenizer.save(output / TOKENIZER_DIR)
-    estimate = _estimate_bytes(sources.input_bytes, settings)
-    say(f"prepare: {len(sources.files)} input file(s), {_human(sources.input_bytes)}; estimated "
-        f"output ~{_human(estimate)} ({cfg.format}) in {output}")
-    shards = _write_shards(cfg, sources, settings, progress=progress, say=say)
-    manifest = _write_manifest(cfg, settings, fingerprint, shards)
+    if output.exists() and not output.is_dir():
+        raise DataError(f"--output {output}: exists and is not a directory; choose another path")
+    with output_lock(output, "--output", "bertforge prepare"):  # one writer at a time
+        _claim_output(output, settings, fingerprint, cfg.overwrite)
+        sources.tokenizer.save(output / TOKENIZER_DIR)
+        estimate = _estimate_bytes(sources.input_bytes, settings)
+        say(f"prepare: {len(sources.files)} input file(s), {_human(sources.input_bytes)}; "
+            f"estimated output ~{_human(estimate)} ({cfg.format}) in {output}")
+        shards = _write_shards(cfg, sources, settings, progress=progress, say=say)
+        manifest = _write_manifest(cfg, settings, fingerprint, shards)
     return PrepareReport(
         output=output, fmt=cfg.format, objective=cfg.objective, totals=manifest["counts"],
         splits={s: {k: manifest["splits"][s][k] for k in ("documents", "instances", "tokens")}
@@ -245,8 +248,6 @@ def _special_ids(tok: Any) -> dict[str, int]:
 def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: bool) -> None:
     """Create ``output``, or check that it holds an earlier run with the very same settings."""
     settings_file = output / SETTINGS_NAME
-    if output.exists() and not output.is_dir():
-        raise DataError(f"--output {output}: exists and is not a directory; choose another path")
     if settings_file.is_file():
         try:
             old = json.loads(settings_file.read_text(encoding="utf-8")).get("fingerprint")
@@ -261,7 +262,7 @@ def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: boo
                 (output / name).unlink(missing_ok=True)
             for name in ("train", "validation", TOKENIZER_DIR):
                 shutil.rmtree(output / name, ignore_errors=True)
-    elif output.is_dir() and any(output.iterdir()):
+    elif any(p.name != LOCK_NAME for p in output.iterdir()):
         # Never delete what prepare did not write, even with --overwrite.
         raise DataError(f"--output {output}: directory is not empty and was not written by "
                         "`bertforge prepare`; choose a new or empty --output")

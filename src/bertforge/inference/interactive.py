@@ -13,10 +13,10 @@ This module imports torch only when a command runs, so the CLI can list ``MODES`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TextIO
 
+from bertforge.core.io import json_text
 from bertforge.errors import DataError, UserError
 from bertforge.tasks.registry import get_task, predict_modes
 
@@ -50,18 +50,31 @@ def format_result(pipeline: Any, result: dict) -> str:
 
 
 def _lines(stream: TextIO, prompt: str | None, stderr: TextIO) -> Iterator[tuple[int, str]]:
-    """(line number, text) of the non-blank lines of ``stream``; ``prompt`` before each read."""
-    number = 0
+    """(line number, text) of the non-blank lines of ``stream``; ``prompt`` before each read.
+    Blank lines are skipped and, from a pipe, counted in a note at the end (the output then
+    has fewer lines than the input)."""
+    # Lines are decoded one by one from the bytes where there are bytes, whatever the stream's
+    # own error handler, so that a byte that is not UTF-8 is reported at its own line (by the
+    # pipeline's check of every text) rather than wherever the stream's decoder stops.
+    raw = getattr(stream, "buffer", None)
+    number, blank = 0, []
     while True:
         if prompt:
             stderr.write(prompt)
             stderr.flush()
-        line = stream.readline()
+        line = (stream.readline() if raw is None
+                else raw.readline().decode("utf-8", errors="surrogateescape"))
         if not line:
-            return
+            break
         number += 1
         if line.strip():
             yield number, line.rstrip("\r\n")
+        else:
+            blank.append(number)
+    if blank and not prompt:
+        stderr.write(f"note: skipped {len(blank)} blank stdin line{'s' * (len(blank) > 1)} "
+                     f"(line {', '.join(map(str, blank[:5]))}{', ...' * (len(blank) > 5)}); "
+                     "the output has one line per non-blank input line\n")
 
 
 def run_predict(mode: str, model: str | Path, *, question: str | None = None,
@@ -95,7 +108,7 @@ def run_predict(mode: str, model: str | Path, *, question: str | None = None,
 
     def emit(text: str, result: dict) -> None:
         if as_json:
-            stdout.write(json.dumps({key: text, **result}, ensure_ascii=False) + "\n")
+            stdout.write(json_text({key: text, **result}, "stdout", ensure_ascii=False) + "\n")
         else:
             stdout.write(format_result(pipeline, result) + "\n")
         stdout.flush()

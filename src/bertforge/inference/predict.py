@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from bertforge.config import FinetuneConfig, load_config
+from bertforge.core.io import check_output_file
 from bertforge.errors import ConfigError
 from bertforge.models.loading import open_model
 from bertforge.tasks.registry import task_names, task_of_finetuned
@@ -46,13 +47,13 @@ def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str]
 
     if not data.is_file():
         raise ConfigError(f"--data {data} does not exist")
+    check_output_file(output, "--output")
     # A `bertforge finetune` output holds its run's config: predict with the same task and data
     # settings (sequence length, doc stride, columns) the model was trained and evaluated with.
     run_config = model / "config.yaml"
     base = run_config if run_config.is_file() else None
     picked = [] if base or any(o.lstrip("-").startswith("task=") for o in overrides) else (
         task_overrides(model))
-    output.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".predict-", dir=output.parent))
     try:
         cfg = load_config(FinetuneConfig, base, [

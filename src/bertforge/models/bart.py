@@ -245,7 +245,7 @@ class BartLearnedPositionalEmbedding(nn.Embedding):
             raise DataError(
                 f"a sequence reaches {end} tokens but the model's "
                 f"max_position_embeddings is {self.max_positions}: truncate inputs (e.g. lower "
-                f"data.max_source_length / max_target_length or generation max_length)")
+                f"data.max_seq_length, data.max_target_length or generation max_length)")
 
 
 class _Stack(nn.Module):

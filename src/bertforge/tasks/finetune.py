@@ -8,6 +8,7 @@ The task classes (``tasks/squad.py``, ``classify.py``, ...) share ``bertforge.ta
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from pathlib import Path
 from typing import Sequence
@@ -62,8 +63,8 @@ def finetune_seeds(cfg: FinetuneConfig, seeds: Sequence[int]) -> dict:
                                   train=dataclasses.replace(cfg.train, seed=seed))
         result = finetune(one)
         runs[str(seed)] = dict(result.validation)
-    names = [k for k in next(iter(runs.values()), {}) if all(
-        isinstance(r.get(k), (int, float)) for r in runs.values())]
+    names = [k for k in next(iter(runs.values()), {}) if all(  # undefined in a run: no median
+        isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for r in runs.values())]
     primary = get_task(cfg.task).primary_metric
     names.sort(key=lambda k: k != primary)  # stable: the primary metric first, others in order
     median = {k: float(statistics.median(r[k] for r in runs.values())) for k in names}

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.config import FinetuneConfig
-from bertforge.core.io import write_json_atomic, write_text_atomic
+from bertforge.core.io import finite_json, write_json_atomic, write_text_atomic
+from bertforge.core.limits import length_within
 from bertforge.data.batch import Batch, LossOutput, real_tokens, to_device
 from bertforge.data.collate.sequences import SEQUENCE_KEYS, SequenceFeatures
 from bertforge.data.loader import PretrainingLoader
@@ -153,14 +154,9 @@ def require_weights(source: ModelSource) -> None:
 
 def sequence_length(cfg: FinetuneConfig, spec: Any, positions: int) -> int:
     """``data.max_seq_length``, else the task's default (``spec.max_length``: 384 for question
-    answering, 1024 for summarization, 128 otherwise) capped at the model's ``positions``; an
-    explicit value beyond them is an error, before data is read."""
-    if cfg.data.max_seq_length is None:
-        return min(spec.max_length, positions)
-    if cfg.data.max_seq_length > positions:
-        raise ConfigError(f"data.max_seq_length={cfg.data.max_seq_length} exceeds the model's "
-                          f"{positions} positions; lower it")
-    return cfg.data.max_seq_length
+    answering, 1024 for summarization, 128 otherwise), within the model's ``positions``."""
+    return length_within(cfg.data.max_seq_length, "data.max_seq_length", spec.max_length,
+                         positions, ConfigError)
 
 
 def train_loader(features: Any, cfg: FinetuneConfig, info: DistInfo) -> PretrainingLoader:
@@ -216,6 +212,7 @@ class FinetuneTask(ABC):
         require_weights(source)
         self.tokenizer = read_tokenizer(cfg.model)
         self.max_seq_length = sequence_length(cfg, spec, source.config.max_position_embeddings)
+        self.check_settings()
         self.examples = self.read()
         ex = self.examples
         self.features = Features(
@@ -234,6 +231,10 @@ class FinetuneTask(ABC):
         return self.spec.name
 
     # -- the task's own parts ---------------------------------------------------------------
+    def check_settings(self) -> None:
+        """Check the task's own settings against the model (lengths, generation), before any
+        data is read: a setting that cannot work fails now, not after training."""
+
     @abstractmethod
     def read(self) -> Examples:
         """The training and evaluation examples (each None when its file is not set)."""
@@ -270,8 +271,10 @@ class FinetuneTask(ABC):
         return []
 
     def write_predictions(self, output_dir: Path, outputs: dict[str, Any]) -> None:
-        rows = [json.dumps(row, ensure_ascii=False) for row in self.prediction_rows(outputs)]
-        write_text_atomic(output_dir / self.prediction_file, "".join(r + "\n" for r in rows))
+        path = output_dir / self.prediction_file
+        rows = finite_json(self.prediction_rows(outputs), str(path))
+        write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n"
+                                        for r in rows))
 
     def write_outputs(self, output_dir: Path, metrics: dict) -> None:
         """The predictions of the latest evaluation and eval_results.json (rank 0 writes)."""

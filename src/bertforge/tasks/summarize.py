@@ -1,8 +1,9 @@
 """Summarization fine-tuning of BART: teacher-forced training, evaluation by generation and ROUGE.
 
 Articles are cut to ``data.max_seq_length`` tokens (default 1024, BART's positions) and reference
-summaries to ``data.max_target_length`` for training; the loss is token cross-entropy with
-optional label smoothing (``train.label_smoothing``). Evaluation generates a summary for every
+summaries to ``data.max_target_length`` (default 256) for training, both within the model's
+positions and checked with the generation settings before any data is read; the loss is token
+cross-entropy with optional label smoothing (``train.label_smoothing``). Evaluation generates a summary for every
 validation article (beam search with the model's generation settings and the recipe's
 ``eval.*`` overrides) and scores ROUGE-1/2/L/Lsum against all references. The fine-tuned
 directory carries the generation settings it was evaluated with (generation_config.json).
@@ -16,11 +17,17 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 from torch import nn
 
+from bertforge.core.limits import length_within
 from bertforge.data.batch import Batch, LossOutput
 from bertforge.data.finetuning.summarization import SummaryExample
-from bertforge.inference.generate import generate_texts, generation_settings
+from bertforge.errors import ConfigError
+from bertforge.inference.generate import generate_texts, settings_for
+from bertforge.models.generation import GENERATION_CONFIG_NAME, GenerationConfig
+from bertforge.models.generation.config import named_as
 from bertforge.tasks.denoise import seq2seq_batch_flops, seq2seq_loss
 from bertforge.tasks.finetuning import Encoded, Examples, FinetuneTask, gather_outputs, unwrap
+
+DEFAULT_TARGET_LENGTH = 256  # data.max_target_length when unset (the CNN/DailyMail recipe's)
 
 
 class SummarizationTask(FinetuneTask):
@@ -48,9 +55,28 @@ class SummarizationTask(FinetuneTask):
         sources = self._encode([e.article for e in examples], self.max_seq_length)
         if not training:
             return Encoded(sources)
-        targets = self._encode([e.summary or "" for e in examples], self.cfg.data.max_target_length)
+        targets = self._encode([e.summary or "" for e in examples], self.max_target_length)
         return Encoded(self.batches(sources, targets, pad_id=self.tokenizer.pad_id,
                                     decoder_start_id=self.source.config.decoder_start_token_id))
+
+    def check_settings(self) -> None:
+        """Target and generation lengths within the decoder's positions, and the generation
+        settings valid with the model's own: checked before data is read, not after training."""
+        config = self.source.config
+        self.max_target_length = length_within(
+            self.cfg.data.max_target_length, "data.max_target_length", DEFAULT_TARGET_LENGTH,
+            config.max_position_embeddings, ConfigError)
+        saved = (GenerationConfig.load(self.source.directory)
+                 if (self.source.directory / GENERATION_CONFIG_NAME).is_file() else None)
+        self._settings(config, saved)
+
+    def _settings(self, config: Any, saved: GenerationConfig | None) -> GenerationConfig:
+        try:
+            return settings_for(config, saved, self.cfg.eval.generation_overrides(),
+                                source=str(self.cfg.model),
+                                default_max_length=self.max_target_length)
+        except ConfigError as exc:
+            raise named_as(exc, lambda name: self.cfg.eval.key_prefix + name) from None
 
     # -- training ---------------------------------------------------------------------------
     def model_overrides(self) -> dict[str, Any]:
@@ -63,11 +89,10 @@ class SummarizationTask(FinetuneTask):
         return seq2seq_batch_flops(unwrap(model).config, batch)
 
     # -- evaluation -------------------------------------------------------------------------
-    def generation(self, model: nn.Module) -> Any:
+    def generation(self, model: nn.Module) -> GenerationConfig:
         """The settings evaluation generates with (and the fine-tuned model keeps)."""
-        return generation_settings(unwrap(model), self.cfg.eval.generation_overrides(),
-                                   source=str(self.cfg.model),
-                                   default_max_length=self.cfg.data.max_target_length)
+        inner = unwrap(model)
+        return self._settings(inner.config, inner.generation_config)
 
     def collect(self, model: nn.Module,
                 autocast: Callable[[], ContextManager]) -> dict[str, np.ndarray]:

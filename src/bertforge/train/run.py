@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -22,7 +22,7 @@ from torch import nn
 
 from bertforge.config import RunConfig, run_defining_keys, save_config, to_dict
 from bertforge.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
-from bertforge.core.io import ensure_writable_dir
+from bertforge.core.io import ensure_writable_dir, output_lock
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.optim.param_groups import needs_external_clipping
 from bertforge.core.signals import Stopped, raise_on_stop
@@ -60,14 +60,17 @@ class RunResult:
 @contextmanager
 def distributed_run(cfg: RunConfig, what: str) -> Iterator[DistInfo]:
     """Process group up for the body, torn down after; collective timeouts and stop signals
-    become one-line errors that say the checkpoints in ``output_dir`` are intact."""
+    become one-line errors that say the checkpoints in ``output_dir`` are intact. Rank 0 holds
+    the lock of ``output_dir`` throughout (a second command writing there fails at once)."""
     with raise_on_stop():
         info = init_distributed(timeout_s=cfg.train.dist_timeout_s)
         try:
-            yield info
-            # Leave together: a rank that tears down its process group while rank 0 still
-            # writes the summary and plot can abort inside gloo at exit.
-            barrier()
+            with (output_lock(cfg.output_dir, "output_dir", f"bertforge {what}")
+                  if info.is_main else nullcontext()):
+                yield info
+                # Leave together: a rank that tears down its process group while rank 0 still
+                # writes the summary and plot can abort inside gloo at exit.
+                barrier()
         except RuntimeError as exc:
             failure = collective_failure(exc, info)
             if failure is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from bertforge.core.io import write_text_atomic
+from bertforge.core.io import json_text, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ class RunLogger:
         # appends from there.
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= start_step]
-            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            write_text_atomic(self.path, "".join(json_text(r, str(self.path)) + "\n"
+                                                 for r in kept))
         self._file = self.path.open("a", encoding="utf-8")
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
                          dynamic_ncols=True)
@@ -57,7 +58,7 @@ class RunLogger:
         if not self.enabled:
             return
         record = {"step": step, **metrics}
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json_text(record, f"{self.path} step {step}") + "\n")
         self._file.flush()
         if self._tb is not None:
             for key, value in metrics.items():
@@ -114,8 +115,11 @@ def read_metrics(path: Path) -> list[dict]:
 def plot_loss_curve(metrics_path: Path, png_path: Path) -> Path | None:
     """Training (and validation) loss against step, as a PNG. None if there is nothing to plot."""
     records = read_metrics(metrics_path)
-    train = [(r["step"], r["loss"]) for r in records if math.isfinite(r.get("loss", math.nan))]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    def points(key: str) -> list[tuple[int, float]]:  # a diverged step's loss is null
+        return [(r["step"], r[key]) for r in records
+                if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+
+    train, val = points("loss"), points("val_loss")
     if not train:
         return None
     import matplotlib

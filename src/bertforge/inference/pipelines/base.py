@@ -70,7 +70,22 @@ def _text(item: Mapping[str, Any], name: str, required: bool = True) -> str | No
         raise InputError(name, f"must be a string, got {_json_type(value)}")
     if not value.strip():
         raise InputError(name, "must not be empty")
+    check_unicode(value, name)
     return value
+
+
+def check_unicode(value: str, name: str) -> None:
+    """``InputError`` for a string that cannot be UTF-8: a lone surrogate, which is how Python
+    carries bytes that were not UTF-8 (stdin's surrogateescape) or a ``"\\ud800"`` JSON escape
+    without its pair. Tokenizers refuse such strings with an unhelpful TypeError."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(value[exc.start])
+        what = (f"byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"an unpaired surrogate \\u{code:04x}")
+        raise InputError(name, f"is not valid UTF-8 text: character {exc.start + 1} is {what}; "
+                         "send UTF-8 text") from None
 
 
 def _number(item: Mapping[str, Any], name: str, kind: type, minimum: float | None = None,

@@ -10,10 +10,11 @@ import difflib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 from bertforge.core.io import write_json_atomic
@@ -64,6 +65,13 @@ def _is_real(value: Any) -> bool:
 
 def bad_setting(name: str, value: Any, expected: str) -> ConfigError:
     return ConfigError(f"generation setting {name}={value!r} is invalid: {expected}")
+
+def named_as(exc: ConfigError, name: Callable[[str], str]) -> ConfigError:
+    """``exc`` (of :func:`bad_setting`) with the setting named as the caller's config calls it:
+    ``name("num_beams")`` is ``eval.num_beams`` or ``--num-beams``."""
+    return ConfigError(re.sub(r"generation setting (\w+)=",
+                              lambda m: f"generation setting {name(m.group(1))}=", str(exc),
+                              count=1))
 
 @dataclass(frozen=True)
 class GenerationConfig:
