@@ -187,6 +187,10 @@ def test_settings_reject_bad_limits() -> None:
     for kwargs, flag in (({"max_batch_tokens": 0}, "--max-batch-tokens"),
                          ({"max_wait_ms": -1}, "--max-wait-ms"),
                          ({"max_body_bytes": 0}, "--max-body-bytes"),
+                         ({"max_num_beams": 0}, "--max-num-beams"),
+                         ({"max_json_depth": 0}, "--max-json-depth"),
+                         ({"header_timeout": 0}, "--header-timeout"),
+                         ({"body_timeout": -1}, "--body-timeout"),
                          ({"api_key": " "}, "--api-key")):
         with pytest.raises(ConfigError, match=flag):
             ServeSettings(**kwargs)

@@ -110,6 +110,12 @@ OLD_FLAGS = [
          "api_key": "k", "max_batch_tokens": 100, "max_wait_ms": 2.5, "max_batch_items": 4,
          "max_body_bytes": 1000, "max_text_chars": 50, "truncation": "truncate",
          "device": "cpu", "no_embeddings": True, "log_level": "debug"}),
+    ("serve --model m --max-json-depth 4 --max-number-digits 20 --max-num-beams 2 "
+     "--max-generation-length 64 --max-generation-tokens 512 --header-timeout 1.5 "
+     "--body-timeout 2.5 --keep-alive-timeout 0.5", {
+         "max_json_depth": 4, "max_number_digits": 20, "max_num_beams": 2,
+         "max_generation_length": 64, "max_generation_tokens": 512, "header_timeout": 1.5,
+         "body_timeout": 2.5, "keep_alive_timeout": 0.5}),
     ("export onnx --model m --output o", {"what": "onnx", "opset": 17, "quantize": None,
                                           "sample": None, "triton": False, "atol": 1e-4,
                                           "exporter": "auto"}),

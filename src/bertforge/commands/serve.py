@@ -8,6 +8,9 @@ from typing import Optional
 
 from bertforge.commands.base import Command
 from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
+from bertforge.serve.settings import LIMIT_NAMES, ServeSettings
+
+_LIMITS = ServeSettings()  # the server's defaults, defined once there
 
 EXPORT_CONFIG_NAME = "export-config.yaml"
 DEFAULT_ATOL = 1e-4  # bertforge.export.onnx.DEFAULT_ATOL (that module imports torch)
@@ -30,14 +33,34 @@ class ServeConfig:
     api_key: Optional[str] = opt(None, "Require `Authorization: Bearer KEY` (or X-API-Key) on "
                                  "/v1/* and /metrics (default: env BERTFORGE_API_KEY, else "
                                  "open).")
-    max_batch_tokens: int = opt(8192, "Token budget of one model call (padded lengths summed).",
-                                minimum=1)
-    max_wait_ms: float = opt(5.0, "How long a request waits for others to join its batch.")
-    max_batch_items: int = opt(32, "Items per model call and per {\"inputs\": [...]} request "
-                               "(413 beyond).", minimum=1)
-    max_body_bytes: int = opt(1 << 20, "Largest request body (413 beyond).", minimum=1)
-    max_text_chars: int = opt(100_000, "Longest string in an item field (413 beyond).",
-                              minimum=1)
+    max_batch_tokens: int = opt(_LIMITS.max_batch_tokens, "Token budget of one model call "
+                                "(padded lengths summed).", minimum=1)
+    max_wait_ms: float = opt(_LIMITS.max_wait_ms, "How long a request waits for others to join "
+                             "its batch.", minimum=0)
+    max_batch_items: int = opt(_LIMITS.max_batch_items, "Items per model call and per "
+                               "{\"inputs\": [...]} request (413 beyond).", minimum=1)
+    max_body_bytes: int = opt(_LIMITS.max_body_bytes, "Largest request body, with or without "
+                              "Content-Length (413 beyond).", minimum=1)
+    max_text_chars: int = opt(_LIMITS.max_text_chars, "Longest string in an item field (413 "
+                              "beyond).", minimum=1)
+    max_json_depth: int = opt(_LIMITS.max_json_depth, "Deepest nesting of arrays/objects in a "
+                              "request body (413 beyond).", minimum=1)
+    max_number_digits: int = opt(_LIMITS.max_number_digits, "Longest number, in characters, in "
+                                 "a request body (413 beyond).", minimum=1)
+    max_num_beams: int = opt(_LIMITS.max_num_beams, "Summarization: most beams per request, the "
+                             "model's default included (413 beyond).", minimum=1)
+    max_generation_length: int = opt(_LIMITS.max_generation_length, "Summarization: longest "
+                                     "output (max_length) a request may ask for, in tokens (413 "
+                                     "beyond).", minimum=1)
+    max_generation_tokens: int = opt(_LIMITS.max_generation_tokens, "Summarization: num_beams x "
+                                     "output length summed over a request's items (413 "
+                                     "beyond).", minimum=1)
+    header_timeout: float = opt(_LIMITS.header_timeout, "Seconds a client has to send a "
+                                "request's headers (then 408 and the connection closes).")
+    body_timeout: float = opt(_LIMITS.body_timeout, "Seconds a client has to send a request's "
+                              "body once its headers came (408 beyond).")
+    keep_alive_timeout: float = opt(_LIMITS.keep_alive_timeout, "Seconds an idle keep-alive "
+                                    "connection stays open.")
     truncation: Optional[str] = opt(None, "Inputs over the model's length: 422 (error) or cut "
                                     "and flagged (truncate); default: the task's (error; QA "
                                     "windows, summaries cut).", choices=("error", "truncate"))
@@ -55,11 +78,9 @@ def run_serve(cfg: ServeConfig) -> int:
     from bertforge.serve import serve
 
     return serve(Path(cfg.model), host=cfg.host, port=cfg.port, task=cfg.task,
-                 backend=cfg.backend, api_key=cfg.api_key,
-                 max_batch_tokens=cfg.max_batch_tokens, max_wait_ms=cfg.max_wait_ms,
-                 max_batch_items=cfg.max_batch_items, max_body_bytes=cfg.max_body_bytes,
-                 max_text_chars=cfg.max_text_chars, truncation=cfg.truncation,
-                 device=cfg.device, embeddings=not cfg.no_embeddings, log_level=cfg.log_level)
+                 backend=cfg.backend, api_key=cfg.api_key, truncation=cfg.truncation,
+                 device=cfg.device, embeddings=not cfg.no_embeddings, log_level=cfg.log_level,
+                 **{name: getattr(cfg, name) for name in LIMIT_NAMES})
 
 
 @dataclass

@@ -39,7 +39,7 @@ from bertforge.export.heads import INPUT_NAMES, SEQUENCE, HeadSpec, resolve_head
 from bertforge.export.inputs import (Batch, EncodedSample, encode_sample, read_sample,
                                      synthetic_batches, trimmed)
 from bertforge.export.quantize import QuantizationReport, compare_int8, quantize_int8
-from bertforge.export.runtime import FP32_FILE, INT8_FILE, ort_session
+from bertforge.export.runtime import FP32_FILE, INT8_FILE, ort_session, require_onnx
 from bertforge.core.io import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
 
 DEFAULT_ATOL = 1e-4
@@ -209,6 +209,7 @@ def export_onnx(model_dir: str | os.PathLike[str], output_dir: str | os.PathLike
         triton_max_batch_size: ``max_batch_size`` of the Triton config.
 
     Raises:
+        UserError: the ``onnx`` or ``onnxruntime`` package is missing (``bertforge[onnx]``).
         ConfigError: bad arguments, not a model directory, an unsupported model.
         DataError: an unreadable sample or tokenizer.
         RunError: the exported graph disagrees with PyTorch beyond ``atol`` (numbers given).
@@ -217,6 +218,7 @@ def export_onnx(model_dir: str | os.PathLike[str], output_dir: str | os.PathLike
     from bertforge.tokenization import BertTokenizer, load_tokenizer
 
     model_dir, output = Path(model_dir), Path(output_dir)
+    require_onnx("bertforge export onnx", "onnx", "onnxruntime")
     _check_arguments(quantize, opset, exporter, atol)
     spec, source = resolve_head(model_dir)
     config = source.config

@@ -17,6 +17,7 @@ provider when the CUDA libraries fail to load: a server must not say "cuda" whil
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -26,8 +27,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bertforge.errors import ConfigError
+from bertforge.errors import CheckpointError, ConfigError, UserError
 from bertforge.export.heads import INPUT_NAMES, HeadSpec, resolve_head
+from bertforge.tasks.registry import SEQUENCE as SEQUENCE_AXIS
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +38,23 @@ INT8_FILE = "model.int8.onnx"
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
+ONNX_EXTRA = "pip install 'bertforge[onnx]'"
+"""How to install what the ONNX export and runtime need (the ``onnx`` extra)."""
+
 Provider = Any
 """An onnxruntime provider: its name, or ``(name, options)`` such as a CUDA ``device_id``."""
+
+
+def require_onnx(purpose: str, *modules: str) -> None:
+    """``UserError`` naming the ``onnx`` extra unless every one of ``modules`` imports (the
+    ``onnx`` and ``onnxruntime`` packages are optional: a base install lacks them)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UserError(f"{purpose} needs the {name} package, which cannot be imported "
+                            f"({reason}); install it with: {ONNX_EXTRA}") from None
 
 
 def _parse_device(device: str | torch.device) -> torch.device | None:
@@ -67,6 +84,7 @@ def execution_providers(device: str | torch.device = "cpu") -> list[Provider]:
     wanted = _parse_device(device)
     if wanted is not None and wanted.type == "cpu":
         return [CPU_PROVIDER]
+    require_onnx("running an ONNX model", "onnxruntime")
     import onnxruntime as ort
 
     available = ort.get_available_providers()
@@ -106,13 +124,54 @@ def ort_session(path: str | os.PathLike[str], *, providers: Sequence[Provider] |
     """An ``onnxruntime.InferenceSession`` for ``path`` (CPU unless ``providers`` says otherwise,
     see :func:`execution_providers`; ``threads`` caps intra-op threads, e.g. 1 on a shared
     machine)."""
+    require_onnx("running an ONNX model", "onnxruntime")
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
     chosen = list(providers) if providers is not None else execution_providers("cpu")
-    return ort.InferenceSession(str(path), sess_options=options, providers=chosen)
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=chosen)
+    except Exception as exc:
+        if not _is_load_failure(exc):
+            raise
+        reason = str(exc).split("failed:", 1)[-1].strip().splitlines()[0].rstrip(".")
+        raise CheckpointError(f"{path} is not a model onnxruntime can load ({reason}): the file "
+                              "is damaged or incomplete (e.g. cut short by a copy); export the "
+                              "model again with `bertforge export onnx`") from None
+
+
+def _is_load_failure(exc: Exception) -> bool:
+    """Whether onnxruntime failed to read the model file itself (truncated or corrupt protobuf,
+    an invalid graph), as opposed to a provider or device problem."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    kinds = (state.InvalidProtobuf, state.InvalidGraph, state.InvalidArgument, state.NoModel,
+             state.Fail)
+    return isinstance(exc, kinds) and "Load model from" in str(exc)
+
+
+def check_output_shapes(session: Any, spec: HeadSpec, config: Any, file: Path,
+                        config_file: Path) -> None:
+    """``CheckpointError`` when a fixed size of the graph's outputs disagrees with config.json
+    (a config.json edited to 3 labels beside a graph that scores 2 would otherwise serve 2
+    scores under the first 2 of 3 names, silently)."""
+    attributes = dict(spec.task.export.outputs)
+    for output in session.get_outputs():
+        shape = getattr(output, "shape", None)
+        if output.name not in attributes or not isinstance(shape, (list, tuple)):
+            continue
+        for got, attribute in zip(shape[1:], attributes[output.name]):
+            if attribute == SEQUENCE_AXIS or not isinstance(got, int):
+                continue
+            want = getattr(config, attribute)
+            if got != want:
+                raise CheckpointError(
+                    f"{file} and {config_file} disagree: the graph's {output.name} has "
+                    f"{attribute}={got} but config.json says {attribute}={want}; they come from "
+                    "different models: export the model again with `bertforge export onnx` (or "
+                    "restore the config.json of the exported model)")
 
 
 def _numpy(value: torch.Tensor | np.ndarray | Sequence) -> np.ndarray:
@@ -137,6 +196,7 @@ class OnnxModel:
     def __init__(self, path: str | os.PathLike[str], *, quantized: bool = False,
                  device: str | torch.device = "cpu", providers: Sequence[Provider] | None = None,
                  threads: int | None = None) -> None:
+        require_onnx("running an ONNX model (serve --backend onnx)", "onnxruntime")
         wanted = list(providers) if providers is not None else execution_providers(device)
         path = Path(path)
         directory, file = (path, path / (INT8_FILE if quantized else FP32_FILE)) if path.is_dir() \
@@ -157,6 +217,7 @@ class OnnxModel:
         if names != list(self.spec.outputs):
             raise ConfigError(f"{file} has outputs {names} but a {self.spec.architecture} export "
                               f"has {list(self.spec.outputs)}; export the model again")
+        check_output_shapes(self.session, self.spec, self.config, file, directory / "config.json")
         self.training = False
         self.device = session_device(wanted, self.session)
         """Where the session runs (its providers decide; inputs are fed as numpy arrays and
@@ -213,5 +274,6 @@ class OnnxModel:
         return f"OnnxModel({self.spec.architecture}, {self.path}, {self.device})"
 
 
-__all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "FP32_FILE", "INT8_FILE", "OnnxModel",
-           "execution_providers", "ort_session", "session_device"]
+__all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "FP32_FILE", "INT8_FILE", "ONNX_EXTRA", "OnnxModel",
+           "check_output_shapes", "execution_providers", "ort_session", "require_onnx",
+           "session_device"]

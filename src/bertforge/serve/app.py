@@ -10,12 +10,16 @@ Routes (``TASK`` is the pipeline's task, e.g. ``question-answering``):
   ``GET /openapi.json`` and ``GET /docs``: FastAPI's schema and its browsable page; ``GET /``: a
   page to try the model (see :mod:`bertforge.serve.page`).
 
-Errors are JSON, ``{"error": {"field": NAME or null, "message": TEXT}}``: 400 malformed JSON; 401
-missing or wrong API key; 404/405 unknown route or method; 413 anything over a size limit (body
-bytes, items per request, characters per text field); 422 an item the pipeline rejects (missing,
-wrong type, empty, over the model's length under ``truncation="error"``); 500 an internal failure
-of that request only (the traceback goes to the server log, the client gets a generic message);
-503 while shutting down.
+Errors are JSON, ``{"error": {"field": NAME or null, "message": TEXT}}``, whatever goes wrong:
+400 malformed JSON (or bytes that are not HTTP, answered by :mod:`bertforge.serve.protocol`); 401
+missing or wrong API key; 404/405 unknown route or method; 408 a client too slow to send its
+request; 413 anything over a size limit (body bytes, JSON nesting and number length, items per
+request, characters per text field, a summary's beams, length and decoding work); 422 an item the
+pipeline rejects (missing, wrong type, empty, not valid Unicode, over the model's length under
+``truncation="error"``); 500 an internal failure of that request only (the traceback goes to the
+server log, the client gets a generic message); 503 while shutting down. The limits are
+:class:`~bertforge.serve.settings.ServeSettings`, checked by :mod:`bertforge.serve.limits`
+before any work is queued.
 
 With an API key, ``/v1/*`` and ``/metrics`` need ``Authorization: Bearer KEY`` or ``X-API-Key:
 KEY``; ``/health`` (load balancers probe it), ``/``, ``/docs`` and ``/openapi.json`` (static, no
@@ -26,76 +30,44 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bertforge.tasks.registry import get_task
-from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import InputError, Pipeline
 from bertforge.serve.batching import BatcherClosed, DynamicBatcher
+from bertforge.serve.limits import (ApiError, Items, body_items, check_generation, error_body,
+                                    parse_json, read_body)
 from bertforge.serve.metrics import CONTENT_TYPE, ServerMetrics
 from bertforge.serve.page import PAGE_HTML
+from bertforge.serve.settings import ServeSettings
 
 log = logging.getLogger("bertforge.serve")
 
 EMBEDDINGS_PATH = get_task("feature-extraction").serving.route
 
-@dataclass(frozen=True)
-class ServeSettings:
-    """The server's limits and batching budget (the pipeline holds the model's own settings)."""
-
-    max_batch_tokens: int = 8192
-    """Token budget of one model call: the sum of its items' costs (padded tokens)."""
-    max_batch_items: int = 32
-    """Items per model call, and the most items one ``{"inputs": [...]}`` request may hold."""
-    max_wait_ms: float = 5.0
-    """How long the oldest queued item waits for others to join its batch."""
-    max_body_bytes: int = 1 << 20
-    """Largest request body accepted (413 beyond)."""
-    max_text_chars: int = 100_000
-    """Longest string accepted in any item field (413 beyond); token limits are the pipeline's."""
-    api_key: str | None = None
-    """When set, ``/v1/*`` and ``/metrics`` require it (Bearer or X-API-Key)."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "max_batch_items", "max_body_bytes", "max_text_chars"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got "
-                                  f"{getattr(self, name)})")
-        if self.max_wait_ms < 0:
-            raise ConfigError(f"--max-wait-ms must be >= 0 (got {self.max_wait_ms})")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ConfigError("--api-key is empty; pass a non-empty key or leave it unset")
-
-
-class ApiError(Exception):
-    """A request answered with ``status`` and the JSON error body."""
-
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.field = status, message, field
-
 
 def _error(status: int, message: str, field: str | None = None,
            headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"field": field, "message": message}}, status_code=status,
+    return JSONResponse(error_body(message, field), status_code=status,
                         headers=dict(headers or {}))
 
 
 def create_app(pipeline: Pipeline, settings: ServeSettings, *,
-               embeddings: Pipeline | None = None) -> FastAPI:
+               embeddings: Pipeline | None = None,
+               unavailable: Mapping[str, str] | None = None) -> FastAPI:
     """The ASGI app serving ``pipeline`` at its task's route (the task registry's: ``/v1/<task>``,
     ``/v1/embeddings`` for feature extraction), plus ``embeddings`` at ``/v1/embeddings`` when
-    given."""
+    given. ``unavailable`` maps routes this server could serve but does not (``/v1/embeddings``
+    on an ONNX backend) to the reason, answered as a JSON 404."""
     served = {get_task(pipeline.task).serving.route: pipeline}
     if embeddings is not None:
         if EMBEDDINGS_PATH in served:
@@ -107,7 +79,6 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
         max_wait_ms=settings.max_wait_ms,
         on_batch=lambda stats, task=p.task: metrics.observe_batch(task, stats))
         for path, p in served.items()}
-    description = {path: p.describe() for path, p in served.items()}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -121,15 +92,7 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
     app = FastAPI(title="bertforge serve", version="1", lifespan=lifespan,
                   description=f"Serving a {pipeline.task} model with dynamic batching.")
     protect = [Depends(_key_check(settings.api_key))] if settings.api_key else []
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return _error(exc.status, exc.message, exc.field, headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail), headers=exc.headers)
+    _add_error_handlers(app)
 
     @app.middleware("http")
     async def observe(request: Request, call_next: Any) -> Response:
@@ -148,19 +111,67 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
 
     for path, served_pipeline in served.items():
         _add_task_route(app, path, served_pipeline, batchers[path], settings, protect)
+    for path, reason in (unavailable or {}).items():
+        _add_unavailable_route(app, path, reason)
+    _add_info_routes(app, pipeline.task, served, settings, metrics, protect)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error the app answers in the one JSON schema: ours, Starlette's (404, 405, ...),
+    FastAPI's validation errors and any unexpected exception (a generic 500)."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+        if exc.close:  # the body was not read to its end: the connection cannot be reused
+            headers["Connection"] = "close"
+        return _error(exc.status, exc.message, exc.field, headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = (f"{request.method} {request.url.path} is not a route of this server; "
+                       "/docs lists them")
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"{request.url.path} does not take {request.method}; it takes {allowed}"
+        return _error(exc.status_code, message, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = (exc.errors() or [{}])[0]
+        field = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error(422, str(first.get("msg", "invalid request")), field)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette re-raises the exception once this answer is sent: uvicorn logs its traceback.
+        return _error(500, "internal error while answering this request; the server log has "
+                           "the details")
+
+
+def _add_unavailable_route(app: FastAPI, path: str, reason: str) -> None:
+    async def absent() -> None:
+        raise ApiError(404, reason)
+
+    app.add_api_route(path, absent, methods=["POST"], include_in_schema=False)
+
+
+def _add_info_routes(app: FastAPI, task: str, served: Mapping[str, Pipeline],
+                     settings: ServeSettings, metrics: ServerMetrics, protect: list) -> None:
+    """``/health``, ``/metrics`` and the page at ``/``."""
+    description = {path: p.describe() for path, p in served.items()}
 
     @app.get("/health", summary="Readiness and the served model")
     async def health() -> dict:
-        return {"status": "ok", "ready": True, "task": pipeline.task,
+        return {"status": "ok", "ready": True, "task": task,
                 "endpoints": {path: {"task": served[path].task,
                                      "form": get_task(served[path].task).serving.form,
                                      "model": description[path]}
                               for path in served},
-                "limits": {"max_batch_tokens": settings.max_batch_tokens,
-                           "max_batch_items": settings.max_batch_items,
-                           "max_wait_ms": settings.max_wait_ms,
-                           "max_body_bytes": settings.max_body_bytes,
-                           "max_text_chars": settings.max_text_chars},
+                "limits": settings.limits(),
                 "auth": settings.api_key is not None}
 
     @app.get("/metrics", summary="Prometheus metrics", dependencies=protect,
@@ -171,8 +182,6 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(PAGE_HTML)
-
-    return app
 
 
 def _key_check(api_key: str) -> Any:
@@ -193,55 +202,6 @@ def _key_check(api_key: str) -> Any:
     return check
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    """The request body parsed as JSON; 413 beyond ``limit`` bytes (declared or streamed)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit} "
-                            "(--max-body-bytes)", "body")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body is over the limit of {limit} bytes "
-                                "(--max-body-bytes)", "body")
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", "body") from None
-
-
-def _items(body: Any, settings: ServeSettings
-           ) -> tuple[list[tuple[str | None, Mapping[str, Any]]], bool]:
-    """``[(field prefix, item)]`` of a body (prefix ``inputs[i]``, None for a single item) and
-    whether it was a ``{"inputs": [...]}`` batch."""
-    if not isinstance(body, dict):
-        raise ApiError(422, 'the body must be a JSON object: one item, or {"inputs": [items]}',
-                       "body")
-    if "inputs" not in body:
-        items, batched = [(None, body)], False
-    else:
-        inputs = body["inputs"]
-        if not isinstance(inputs, list) or not inputs:
-            raise ApiError(422, "inputs must be a non-empty list of objects", "inputs")
-        if len(inputs) > settings.max_batch_items:
-            raise ApiError(413, f"inputs holds {len(inputs)} items; the limit is "
-                                f"{settings.max_batch_items} per request (--max-batch-items)",
-                           "inputs")
-        for i, item in enumerate(inputs):
-            if not isinstance(item, dict):
-                raise ApiError(422, f"inputs[{i}] must be a JSON object", f"inputs[{i}]")
-        items, batched = [(f"inputs[{i}]", item) for i, item in enumerate(inputs)], True
-    for prefix, item in items:
-        for key, value in item.items():
-            if isinstance(value, str) and len(value) > settings.max_text_chars:
-                name = f"{prefix}.{key}" if prefix else key
-                raise ApiError(413, f"{name} is {len(value)} characters; the limit is "
-                                    f"{settings.max_text_chars} (--max-text-chars)", name)
-    return items, batched
-
-
 def _input_error(exc: InputError, prefix: str | None) -> ApiError:
     """A pipeline's InputError as a 422, its field inside ``inputs[i]`` for batch items."""
     if prefix is not None:
@@ -249,8 +209,7 @@ def _input_error(exc: InputError, prefix: str | None) -> ApiError:
     return ApiError(422, str(exc), exc.field)
 
 
-def _parse_all(pipeline: Pipeline, items: list[tuple[str | None, Mapping[str, Any]]]
-               ) -> list[tuple[Any, int]]:
+def _parse_all(pipeline: Pipeline, items: Items) -> list[tuple[Any, int]]:
     """``(request, cost)`` of every item; the first bad item raises its 422."""
     parsed = []
     for prefix, item in items:
@@ -267,11 +226,13 @@ def _add_task_route(app: FastAPI, path: str, pipeline: Pipeline, batcher: Dynami
     """Register ``POST path`` answering items of ``pipeline`` through ``batcher``."""
 
     async def predict(request: Request) -> JSONResponse:
-        items, batched = _items(await _read_json(request, settings.max_body_bytes), settings)
+        body = parse_json(await read_body(request, settings), settings)
+        items, batched = body_items(body, settings)
         try:
             parsed = await batcher.in_worker(_parse_all, pipeline, items)
         except BatcherClosed:
             raise ApiError(503, "the server is shutting down; retry on another instance") from None
+        check_generation(items, [r for r, _ in parsed], settings, batched)
         answers = await asyncio.gather(*(batcher.submit(r, cost) for r, cost in parsed),
                                        return_exceptions=True)
         for (prefix, _), answer in zip(items, answers):
@@ -299,7 +260,9 @@ def _add_task_route(app: FastAPI, path: str, pipeline: Pipeline, batcher: Dynami
             "example": example}}}},
         responses={code: {"description": what} for code, what in (
             (400, "malformed JSON"), (401, "API key missing or wrong"),
-            (413, "body, item count or text over a limit"), (422, "invalid item field"),
+            (408, "request sent too slowly"),
+            (413, "body, JSON shape, item count, text or generation over a limit"),
+            (422, "invalid item field"),
             (500, "internal error (this request only)"), (503, "shutting down"))})
 
 

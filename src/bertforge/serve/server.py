@@ -16,9 +16,11 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from bertforge.errors import ConfigError, UserError
 from bertforge.core.signals import Stopped, raise_on_stop
+from bertforge.serve.settings import LIMIT_NAMES, ServeSettings
 
 API_KEY_ENV = "BERTFORGE_API_KEY"
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -72,12 +74,27 @@ def _load(model_dir: Path, task: str | None, backend: str, device: str,
     return pipeline, load_pipeline(model_dir, "feature-extraction", **options)
 
 
+def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "info", *,
+                   configure_logging: bool = True) -> Any:
+    """The uvicorn configuration ``serve`` runs ``app`` with: the guarded h11 protocol (header
+    timeout, JSON 400s; :mod:`bertforge.serve.protocol`), the keep-alive timeout, no WebSocket
+    upgrades and no ``server`` header. ``configure_logging=False`` leaves the process's logging
+    as it is (an application embedding the server configures its own)."""
+    import uvicorn
+
+    from bertforge.serve.protocol import guarded_protocol
+
+    return uvicorn.Config(app, http=guarded_protocol(settings.header_timeout), ws="none",
+                          timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
+                          log_config=_log_config(log_level) if configure_logging else None,
+                          log_level=log_level, access_log=log_level == "debug",
+                          server_header=False)
+
+
 def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8000,
           task: str | None = None, backend: str = "torch", api_key: str | None = None,
-          max_batch_tokens: int = 8192, max_wait_ms: float = 5.0, max_batch_items: int = 32,
-          max_body_bytes: int = 1 << 20, max_text_chars: int = 100_000,
           truncation: str | None = None, device: str = "auto", embeddings: bool = True,
-          log_level: str = "info") -> int:
+          log_level: str = "info", **limits: Any) -> int:
     """Serve the model in ``model_dir`` over HTTP until SIGTERM or Ctrl-C; returns the exit code.
 
     Options (CLI flag = the name with dashes):
@@ -90,18 +107,11 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
       ``POST /v1/<task>`` (``/v1/embeddings`` for feature-extraction).
     * ``backend`` (torch): ``torch`` runs the PyTorch model; ``onnx`` runs ``model.onnx`` and
       ``onnx-int8`` runs ``model.int8.onnx`` of a ``bertforge export onnx`` directory with
-      onnxruntime (no ``/v1/embeddings`` then: the export holds the task's head only).
+      onnxruntime (``/v1/embeddings`` then answers a JSON 404: the export holds the task's head
+      only).
     * ``api_key`` (env BERTFORGE_API_KEY, else none): when set, ``/v1/*`` and ``/metrics`` answer
       401 without ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``; ``/health``, ``/``,
       ``/docs`` and ``/openapi.json`` stay open.
-    * ``max_batch_tokens`` (8192): token budget of one model call (sum of the items' padded
-      lengths); an item over it alone runs in a batch of its own.
-    * ``max_wait_ms`` (5): how long the first queued item waits for others to join its batch;
-      the most batching adds to any request's latency.
-    * ``max_batch_items`` (32): items per model call, and per ``{"inputs": [...]}`` request
-      (413 beyond).
-    * ``max_body_bytes`` (1 MiB): largest request body (413 beyond).
-    * ``max_text_chars`` (100000): longest string in any item field (413 beyond).
     * ``truncation`` (the pipeline's default: ``error`` for classification, tagging and
       embeddings): ``error`` answers 422 for an input over the model's maximum length,
       ``truncate`` cuts it and says so in the result; question answering always splits long
@@ -114,6 +124,10 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
       backend; loads the weights a second time, as a feature-extraction pipeline).
     * ``log_level`` (info): critical, error, warning, info or debug; internal errors are logged
       with their traceback at error level.
+    * ``limits``: the batching budget, size limits and timeouts, each a field of
+      :class:`~bertforge.serve.settings.ServeSettings` (``max_batch_tokens``,
+      ``max_body_bytes``, ``max_num_beams``, ``header_timeout``, ...), which documents them and
+      their defaults.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
@@ -122,25 +136,30 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
                           f"{log_level!r})")
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535 (got {port})")
+    unknown = sorted(set(limits) - set(LIMIT_NAMES))
+    if unknown:
+        raise TypeError(f"serve() got unknown settings {', '.join(unknown)}")
+    settings = ServeSettings(**limits, api_key=api_key if api_key is not None
+                             else os.environ.get(API_KEY_ENV) or None)
     try:
         import uvicorn
 
-        from bertforge.serve.app import ServeSettings, create_app
+        from bertforge.serve.app import EMBEDDINGS_PATH, create_app
     except ImportError as exc:
         raise UserError(f"bertforge serve needs {exc.name}: pip install 'bertforge[serve]'"
                         ) from None
-    settings = ServeSettings(
-        max_batch_tokens=max_batch_tokens, max_batch_items=max_batch_items,
-        max_wait_ms=max_wait_ms, max_body_bytes=max_body_bytes, max_text_chars=max_text_chars,
-        api_key=api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None)
     model_dir = Path(model_dir)
     with raise_on_stop((signal.SIGTERM,)):
         pipeline, extractor = _load(model_dir, task, backend, device, truncation, embeddings)
+    unavailable = {}
+    if embeddings and extractor is None and pipeline.task != "feature-extraction":
+        unavailable[EMBEDDINGS_PATH] = (
+            f"embeddings are not served with the {backend} backend (an ONNX export holds the "
+            "task's head only); serve the PyTorch model directory with --backend torch for "
+            f"{EMBEDDINGS_PATH}")
     sock = _bind(host, port)
-    app = create_app(pipeline, settings, embeddings=extractor)
-    config = uvicorn.Config(app, log_config=_log_config(log_level), log_level=log_level,
-                            access_log=log_level == "debug", server_header=False)
-    server = uvicorn.Server(config)
+    app = create_app(pipeline, settings, embeddings=extractor, unavailable=unavailable)
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level))
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     print(f"bertforge serve: listening on http://{shown}:{bound_port} ({pipeline.task}, "
@@ -155,4 +174,4 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
     return 0 if server.started else 1
 
 
-__all__ = ["API_KEY_ENV", "serve"]
+__all__ = ["API_KEY_ENV", "serve", "uvicorn_config"]
