@@ -339,6 +339,15 @@ def test_prepare_takes_the_lock_of_its_output(tiny, tmp_path: Path, capsys) -> N
     assert f"--output {out} is in use by another bertforge command" in one_error_line(capsys)
 
 
+def test_export_takes_a_lock_beside_its_output(models, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "onnx"
+    with output_lock(out, "--output", "another", beside=True):
+        assert main(["export", "onnx", "--model", str(models["classify"]), "--output",
+                     str(out)]) == 2
+    assert f"--output {out} is in use by another bertforge command" in one_error_line(capsys)
+    assert not out.exists() and not list(tmp_path.glob(".*lock"))
+
+
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_published_weights_follow_the_umask(umask: int, mode: int, tmp_path: Path) -> None:
     config = BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,

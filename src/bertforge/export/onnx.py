@@ -40,7 +40,8 @@ from bertforge.export.inputs import (Batch, EncodedSample, encode_sample, read_s
                                      synthetic_batches, trimmed)
 from bertforge.export.quantize import QuantizationReport, compare_int8, quantize_int8
 from bertforge.export.runtime import FP32_FILE, INT8_FILE, ort_session, require_onnx
-from bertforge.core.io import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
+from bertforge.core.io import (fsync_dir, output_lock, temp_name, write_bytes_atomic,
+                               write_json_atomic)
 
 DEFAULT_ATOL = 1e-4
 """Largest max-abs difference between PyTorch and onnxruntime fp32 outputs an export may show."""
@@ -213,12 +214,25 @@ def export_onnx(model_dir: str | os.PathLike[str], output_dir: str | os.PathLike
         ConfigError: bad arguments, not a model directory, an unsupported model.
         DataError: an unreadable sample or tokenizer.
         RunError: the exported graph disagrees with PyTorch beyond ``atol`` (numbers given).
+
+    One export writes to ``output_dir`` at a time: a lock beside it (``.NAME.bertforge.lock``)
+    makes a second one fail at once.
     """
+    output = Path(output_dir)
+    require_onnx("bertforge export onnx", "onnx", "onnxruntime")
+    with output_lock(output, "--output", "bertforge export onnx", beside=True):
+        return _export_locked(Path(model_dir), output, opset=opset, quantize=quantize,
+                              sample=sample, triton=triton, atol=atol, exporter=exporter,
+                              triton_max_batch_size=triton_max_batch_size)
+
+
+def _export_locked(model_dir: Path, output: Path, *, opset: int, quantize: str | None,
+                   sample: str | os.PathLike[str] | None, triton: bool, atol: float,
+                   exporter: str, triton_max_batch_size: int) -> ExportReport:
+    """:func:`export_onnx` under its output lock."""
     from bertforge.models.loading import load_model
     from bertforge.tokenization import BertTokenizer, load_tokenizer
 
-    model_dir, output = Path(model_dir), Path(output_dir)
-    require_onnx("bertforge export onnx", "onnx", "onnxruntime")
     _check_arguments(quantize, opset, exporter, atol)
     spec, source = resolve_head(model_dir)
     config = source.config
