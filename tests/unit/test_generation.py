@@ -323,6 +323,19 @@ def test_overrides_apply_to_one_call_only():
         generate(model, *batch(0), base, num_beam=2)
 
 
+def test_without_settings_the_models_own_are_used_or_a_length_is_asked_for():
+    model = ToyModel(chain(5))
+    ids, mask = batch(0)
+    with pytest.raises(ConfigError, match=r"this model has no generation settings .*pass a "
+                                          r"length limit, e\.g\. generate\(model, ids, mask, "
+                                          r"max_length=60"):
+        generate(model, ids, mask)
+    assert generate(model, ids, mask, max_length=20).tolist() == [[2, 3, 4, 5, 2]]
+    model.generation_config = config(max_length=3)
+    assert generate(model, ids, mask).tolist() == [[2, 3, 4]]
+    assert generate(model, ids, mask, max_length=4).tolist() == [[2, 3, 4, 5]]
+
+
 # --------------------------------------------------------------------------- input errors
 
 

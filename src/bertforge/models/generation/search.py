@@ -300,9 +300,21 @@ def _check_inputs(input_ids: Any, attention_mask: Any) -> torch.Tensor:
                          "every input needs at least one")
     return attention_mask
 
+def _own_settings(model: Any, overrides: dict[str, Any]) -> GenerationConfig:
+    """The model's saved settings, or its token ids when a call gives the length limit."""
+    saved = getattr(model, "generation_config", None)
+    if saved is not None:
+        return saved
+    if "max_length" in overrides or "max_new_tokens" in overrides:
+        return GenerationConfig.from_model_config(model.config)
+    raise ConfigError("this model has no generation settings (no generation_config.json: "
+                      "pretrained, not fine-tuned); pass a length limit, e.g. generate(model, "
+                      "ids, mask, max_length=60, num_beams=4), or a GenerationConfig")
+
+
 @torch.no_grad()
 def generate(model: EncoderDecoderModel, input_ids: torch.Tensor,
-             attention_mask: torch.Tensor | None, config: GenerationConfig, *,
+             attention_mask: torch.Tensor | None, config: GenerationConfig | None = None, *,
              return_scores: bool = False,
              **overrides: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Generate output sequences for a batch of encoder inputs.
@@ -312,8 +324,10 @@ def generate(model: EncoderDecoderModel, input_ids: torch.Tensor,
             :class:`EncoderDecoderModel`), in eval mode (the caller's job).
         input_ids: (B, S) encoder token ids, padded on the right.
         attention_mask: (B, S), 1 for real tokens and 0 for padding; None when nothing is padded.
-        config: the settings, normally ``GenerationConfig.from_model_config(model.config)`` or
-            ``GenerationConfig.load(model_dir)``.
+        config: the settings; None (the default): the model's own (``model.generation_config``,
+            read from its generation_config.json), else, for a model without one (a pretrained,
+            not fine-tuned, BART), the model config's token ids with the ``overrides``, which
+            must then set a length limit (``max_length`` or ``max_new_tokens``).
         return_scores: also return each sequence's score.
         overrides: settings replacing the config's for this call (``num_beams=4``, ...).
 
@@ -328,6 +342,8 @@ def generate(model: EncoderDecoderModel, input_ids: torch.Tensor,
         ConfigError: a bad setting, or token ids outside the model's vocabulary.
         ValueError: malformed ``input_ids`` / ``attention_mask`` or model outputs.
     """
+    if config is None:
+        config = _own_settings(model, overrides)
     if overrides:
         config = config.replace(**overrides)
     attention_mask = _check_inputs(input_ids, attention_mask)
