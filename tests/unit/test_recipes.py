@@ -83,8 +83,17 @@ def test_an_existing_path_is_used_as_is(tmp_path: Path, monkeypatch: pytest.Monk
     assert resolve_recipe("tiny-cpu.yaml") == Path("tiny-cpu.yaml")
 
 
-@pytest.mark.parametrize("given", ["bert-huge", "configs/pretrain/bert-large-phase1.yaml",
-                                   "pretrain"])
+@pytest.mark.parametrize("given, meant", [
+    ("tiny-cp", "debug/tiny-cpu"), ("glue-mrcp", "finetune/glue-mrpc"),
+    ("configs/pretrain/bert-large-phase1.yaml", "pretrain/bert-large-phase1")])
+def test_a_mistyped_name_gets_a_did_you_mean(given: str, meant: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve_recipe(given)
+    assert str(err.value) == (f"config file not found: {given} is neither an existing file nor "
+                              f"a recipe name. Did you mean '{meant}'?")
+
+
+@pytest.mark.parametrize("given", ["bert-huge", "pretrain", "xyz"])
 def test_unknown_name_lists_the_recipes(given: str) -> None:
     with pytest.raises(ConfigError) as err:
         resolve_recipe(given)

@@ -8,6 +8,7 @@ mistyped name fails at once.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from bertforge.errors import ConfigError
@@ -40,6 +41,18 @@ def resolve_recipe(name_or_path: str | Path) -> Path:
         if name in (recipe, recipe.rsplit("/", 1)[-1]):
             return RECIPES_DIR / f"{recipe}{_SUFFIX}"
     # Starts as load_config's own message for a missing file, which is what most typos are.
-    raise ConfigError(
-        f"config file not found: {name_or_path} is neither an existing file nor a recipe name; "
-        f"recipes (folder and .yaml optional): {', '.join(names)}")
+    start = f"config file not found: {name_or_path} is neither an existing file nor a recipe name"
+    meant = _closest(name, names)
+    if meant:
+        raise ConfigError(f"{start}. Did you mean '{meant}'?")
+    raise ConfigError(f"{start}; recipes (folder and .yaml optional): {', '.join(names)}")
+
+
+def _closest(name: str, names: list[str]) -> str | None:
+    """The recipe a mistyped ``name`` most likely means, by its whole name or its last part."""
+    by_leaf = {n.rsplit("/", 1)[-1]: n for n in names}
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    close = difflib.get_close_matches(name.rsplit("/", 1)[-1], list(by_leaf), n=1, cutoff=0.75)
+    return by_leaf[close[0]] if close else None
