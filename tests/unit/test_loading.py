@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 
 import pytest
 import torch
@@ -228,3 +229,26 @@ def test_tokenizer_is_saved_and_casing_checked(tmp_path) -> None:
     cased = BertModel(BertConfig(**TINY, do_lower_case=False))
     with pytest.raises(CheckpointError, match="tokenizer has do_lower_case=True but the model config says False"):
         cased.save_pretrained(tmp_path / "b", tokenizer=_Tokenizer(lower=True))
+
+
+def test_a_path_that_is_no_model_directory_says_what_it_is(pretraining_dir, tmp_path) -> None:
+    from bertforge.errors import ConfigError
+    from bertforge.models.loading import model_directory
+
+    pretraining_dir = pretraining_dir[0]
+    assert model_directory(pretraining_dir) == pretraining_dir
+    cases = {tmp_path / "missing": "does not exist; give a model directory",
+             tmp_path / "file.txt": "is a file, not a model directory",
+             tmp_path / "empty": "is not a model directory (no config.json)"}
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    run = tmp_path / "run"
+    for step in (2, 10):  # the newest is step 10, not "checkpoint-2" by name
+        shutil.copytree(pretraining_dir, run / f"checkpoint-{step}")
+    (run / "checkpoint-12.tmp-1").mkdir()  # an interrupted save: not a checkpoint
+    cases[run] = ("is a training run's folder, not a model directory; give one of its "
+                  f"checkpoints, e.g. the newest: {run / 'checkpoint-10'}")
+    for path, words in cases.items():
+        with pytest.raises(ConfigError) as err:
+            model_directory(path, "--model")
+        assert str(err.value).startswith(f"--model {path} {words}"), str(err.value)

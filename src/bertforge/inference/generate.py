@@ -1,7 +1,7 @@
 """Text generation with a BART model: the settings in force, batched decoding, ``bertforge generate``.
 
 Generation settings come from the model's ``generation_config.json`` (saved by ``bertforge
-finetune`` and ``pretrain``) with the caller's overrides on top. A model without one and a call
+finetune``) with the caller's overrides on top. A model without one and a call
 without a length limit is an error rather than transformers' silent limit of 20 tokens, the
 usual reason for truncated summaries.
 """
@@ -143,11 +143,9 @@ def _check_generate(model_dir: Path, output: Path, overrides: dict[str, Any],
     from bertforge.core.limits import length_within
     from bertforge.core.schema import flag
     from bertforge.models.generation import GENERATION_CONFIG_NAME
-    from bertforge.models.loading import open_model
+    from bertforge.models.loading import model_directory, open_model
 
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(f"--model {model_dir} is not a model directory (no config.json)")
-    source = open_model(model_dir, "--model")
+    source = open_model(model_directory(model_dir), "--model")
     if not source.family.seq2seq:
         raise ConfigError(f"--model {model_dir} is a {source.family.name} model; generate needs "
                           "an encoder-decoder (BART) model")

@@ -17,16 +17,14 @@ from typing import Any, Mapping, Sequence
 from bertforge.config import FinetuneConfig, load_config
 from bertforge.core.io import check_output_file
 from bertforge.errors import ConfigError
-from bertforge.models.loading import open_model
+from bertforge.models.loading import model_directory, open_model
 from bertforge.tasks.registry import task_names, task_of_finetuned
 
 
 def task_overrides(model: Path) -> list[str]:
     """Config overrides that select the task a model was fine-tuned for (config.json's
     ``finetuning_task``, as the task registry reads it)."""
-    if not (model / "config.json").is_file():
-        raise ConfigError(f"--model {model} is not a model directory (no config.json)")
-    tuned = open_model(model, "--model").config.finetuning_task
+    tuned = open_model(model_directory(model), "--model").config.finetuning_task
     spec = task_of_finetuned(tuned)
     if spec is None or spec.trainer is None:
         raise ConfigError(f"{model}/config.json does not say which task the model was fine-tuned "

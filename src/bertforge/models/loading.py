@@ -54,6 +54,28 @@ class ModelSource:
                            self.config.replace(**overrides))
 
 
+def model_directory(path: str | os.PathLike[str], key: str = "--model") -> Path:
+    """``path`` when it is a model directory (it holds config.json); otherwise a ``ConfigError``
+    naming ``key`` that says what ``path`` is instead: missing, a file, the folder of a training
+    run (with the newest complete checkpoint to give instead), or some other folder."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    if not path.exists():
+        raise ConfigError(f"{key} {path} does not exist; give a model directory")
+    if not path.is_dir():
+        raise ConfigError(f"{key} {path} is a file, not a model directory (a folder with "
+                          "config.json and model.safetensors)")
+    steps = sorted((int(p.name.split("-", 1)[1]), p) for p in path.glob("checkpoint-*")
+                   if p.name.split("-", 1)[1].isdigit() and (p / "config.json").is_file())
+    if steps:
+        raise ConfigError(f"{key} {path} is a training run's folder, not a model directory; "
+                          f"give one of its checkpoints, e.g. the newest: {steps[-1][1]}")
+    raise ConfigError(f"{key} {path} is not a model directory (no config.json); give the "
+                      "directory `bertforge finetune` or `pretrain` wrote, or a Hugging Face "
+                      "model directory")
+
+
 def open_model(name_or_path: str | os.PathLike[str], key: str = "model") -> ModelSource:
     """The family and config of a preset name, a config.json or a model directory. ``key``
     names the setting in messages (``--model``, ``model``, ``init_from``)."""
@@ -91,4 +113,4 @@ def load_model(source: ModelSource, head: str, *, device: str | torch.device = "
     return model.to(device).eval()
 
 
-__all__ = ["ModelSource", "load_model", "open_model"]
+__all__ = ["ModelSource", "load_model", "model_directory", "open_model"]

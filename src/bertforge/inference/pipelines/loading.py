@@ -12,7 +12,7 @@ import torch
 from bertforge.core.limits import PRECISIONS
 from bertforge.errors import ConfigError, DataError
 from bertforge.inference.pipelines.base import Pipeline, TRUNCATION
-from bertforge.models.loading import ModelSource, load_model, open_model
+from bertforge.models.loading import ModelSource, load_model, model_directory, open_model
 from bertforge.models.registry import family_of_architecture
 from bertforge.tasks.registry import (TaskSpec, check_model_fits_task, get_task, task_names,
                                       task_of_finetuned, task_of_head)
@@ -101,9 +101,7 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     n_best_size, max_answer_length, null_score_diff_threshold, max_windows; fill-mask: top_k;
     feature-extraction: pooling, normalize). User mistakes raise ``ConfigError``.
     """
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(f"model {model_dir} is not a model directory (no config.json)")
+    model_dir = model_directory(model_dir)
     source = getattr(backend, "source", None) or open_model(model_dir)
     config = source.config
     spec = get_task(task if task is not None else infer_task(config, str(model_dir)),
