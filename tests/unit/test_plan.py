@@ -3,6 +3,8 @@ with GPU memory, fit the memory estimate, and refuse impossible set-ups with a r
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from bertforge.errors import ConfigError
@@ -85,17 +87,44 @@ def test_learning_rate_proposal_scales_with_the_square_root_of_the_batch() -> No
     from bertforge.train.plan import proposed_lr
 
     assert proposed_lr("lamb", 65536) == pytest.approx(6e-3)
-    # NVIDIA's phase 2 uses 4e-3 at 32768: the rule lands 6% above it.
-    assert proposed_lr("lamb", 32768) == pytest.approx(4e-3, rel=0.07)
+    # A published recipe's batch gets the recipe's value (NVIDIA's phase 2: 4e-3 at 32768,
+    # where the rule from phase 1 would give 4.24e-3); other batches scale from the nearest.
+    assert proposed_lr("lamb", 32768) == 4e-3
+    assert proposed_lr("lamb", 16384) == pytest.approx(4e-3 * math.sqrt(0.5))
+    assert proposed_lr("lamb", 30720, "bart") == 4e-3
+    assert proposed_lr("lamb", 30720) == pytest.approx(4e-3 * math.sqrt(30720 / 32768))
     assert proposed_lr("adamw", 256) == pytest.approx(1e-4)
     assert proposed_lr("adamw", 1024) == pytest.approx(2e-4)
     with pytest.raises(ConfigError, match="choose one of lamb, adamw"):
         proposed_lr("sgd", 256)
     plan = plan_batch(model="bert-large-uncased", seq_len=128, gpus=8, gpu_memory_gib=80,
                       global_batch_size=65536)
-    line = plan.summary().splitlines()[-1]
-    assert "--optim.name=lamb --optim.lr=6.00e-03" in line and "not advised" in line
+    (line,) = [x for x in plan.summary().splitlines() if x.startswith("learning rate:")]
+    assert "--optim.name=lamb --optim.lr=6.00e-03 (NVIDIA's BERT phase 1's value at this " \
+           "batch)" in line and "not advised" in line
     small = plan_batch(model="bert-base-uncased", seq_len=128, gpus=1, gpu_memory_gib=80,
                        global_batch_size=256)
     assert "--optim.name=adamw --optim.lr=1.00e-04" in small.summary()
     assert "not advised" not in small.summary()
+
+
+def test_bart_models_are_planned_and_the_answer_ends_with_a_command_to_run() -> None:
+    bart = plan_batch(model="bart-large-preln", seq_len=128, gpus=16, gpu_memory_gib=80,
+                      global_batch_size=64000)
+    bert = plan_batch(model="bert-large-uncased", seq_len=128, gpus=16, gpu_memory_gib=80,
+                      global_batch_size=64000)
+    # Every target token's logits (BART) against the masked positions' (BERT's sparse head).
+    assert bart.activations_gib_per_seq > bert.activations_gib_per_seq
+    text = bart.summary()
+    assert "--optim.lr=6.00e-03 (NVIDIA's BART phase 1's value at this batch)" in text
+    assert text.splitlines()[-1] == (
+        "  torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d "
+        "--rdzv_endpoint=$HEAD:29500 -m bertforge.cli pretrain --config pretrain/bart-large-phase1 "
+        f"--data.path=DATA --train.global_batch_size=64000 --train.micro_batch_size="
+        f"{bart.micro_batch_size} --optim.name=lamb --optim.lr=6.00e-03 --precision=bf16")
+    mini = plan_batch(model="bert-mini", seq_len=512, gpus=1, gpu_memory_gib=24,
+                      global_batch_size=256).summary()
+    assert "x 1 GPU x 1 accumulation step\n" in mini
+    assert mini.splitlines()[-1].startswith(
+        "  torchrun --nproc_per_node=1 -m bertforge.cli pretrain --config "
+        "pretrain/bert-base-phase2 --model=bert-mini --data.path=DATA")
