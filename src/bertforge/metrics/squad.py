@@ -254,7 +254,7 @@ def squad_v2_scores(dataset: list[dict[str, Any]], predictions: Mapping[str, str
 def _load_json(path: Path, what: str) -> Any:
     """Parse a JSON file, turning the ways it can fail into one-line :class:`DataError` messages."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte order mark is dropped
     except FileNotFoundError:
         raise DataError(f"{path}: no such file; give the {what}") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -262,8 +262,8 @@ def _load_json(path: Path, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); give the {what} "
-                        "as a JSON file") from None
+        raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column "
+                        f"{e.colno}); give the {what} as a JSON file") from None
 
 
 def _is_v2(doc: dict[str, Any], path: Path) -> bool:

@@ -11,13 +11,16 @@ Two layouts, chosen by the extension:
   are skipped. Every token line of a file has the same number of columns; a file with one column
   holds tokens only (prediction).
 
-Tags are kept as written: whether they are IOB1, IOB2 or BIOES is the task's business.
+Tags are kept as written: whether they are IOB1, IOB2 or BIOES is the task's business. A token
+with no visible character (e.g. only a no-break or zero-width space) is an error naming its
+line: the tokenizer would drop it and misalign the tags after it.
 """
 
 from __future__ import annotations
 
 import io
 import re
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,21 @@ TAG_FIELDS = ("tags", "ner_tags")
 DOCSTART = "-DOCSTART-"
 # Columns are split at spaces and tabs only: a token may hold other whitespace (a no-break space).
 COLUMN_BREAK = re.compile(r"[ \t]+")
+
+
+def unreadable(token: str) -> bool:
+    """True when BERT's tokenizer keeps nothing of ``token``: it drops whitespace, control and
+    format characters (a zero-width space) and U+FFFD. Such a word gets no sub-token, so every
+    tag after it would land on the word before its own."""
+    return not any(not (ch.isspace() or ch == "\ufffd" or unicodedata.category(ch)[0] == "C")
+                   for ch in token)
+
+
+def _blank_token(where: str, token: str, index: int | None = None) -> DataError:
+    which = f"token {index} " if index is not None else "the token "
+    return DataError(f"{where}: {which}{token!r} has no visible character (only whitespace, "
+                     "control or format characters), so the tokenizer drops it and the tags "
+                     "after it would shift; remove it and its tag")
 
 
 def _is_json(path: Path) -> bool:
@@ -67,6 +85,8 @@ def _conll(path: Path) -> list[TaggedExample]:
             raise DataError(f"{path}:{number}: {len(fields)} column(s) where line {width_line} "
                             f"has {width}; every token line needs the same columns (token "
                             "first, tag last), and sentences are separated by a blank line")
+        if unreadable(fields[0]):
+            raise _blank_token(f"{path}:{number}", fields[0])
         if not tokens:
             start = number
         tokens.append(fields[0])
@@ -116,6 +136,9 @@ def _json_lines(path: Path, label_names: Sequence[str] | None) -> list[TaggedExa
                             "sentence as {\"tokens\": [...], \"tags\": [...]}")
         if not tokens:
             raise DataError(f"{where}: 'tokens' is empty; drop the line or give its tokens")
+        blank = next((i for i, token in enumerate(tokens) if unreadable(token)), None)
+        if blank is not None:
+            raise _blank_token(where, tokens[blank], blank)
         tags: list[str] | None = None
         if tag_column is not None:
             if tag_column not in row.fields:

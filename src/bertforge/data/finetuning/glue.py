@@ -3,7 +3,8 @@
 ``read_glue`` takes either GLUE's original TSV files or the same data exported with named
 columns (CSV, TSV or JSON Lines, as Hugging Face datasets or SuperGLUE write it), so a user can
 fine-tune on whichever copy they have. Labels always come out as the task's canonical names
-(GLUE's own label strings, in GLUE's order) or a float for STS-B, whatever the file used:
+(GLUE's own label strings, in GLUE's order) or a float in [0, 5] for STS-B (another score is an
+error naming its line), whatever the file used:
 
 * GLUE's TSVs: CoLA train/dev have no header (source, label, original mark, sentence); CoLA's
   test file has one (index, sentence). MRPC starts with a byte order mark and calls its columns
@@ -21,6 +22,7 @@ Task names ignore case, "-" and "_" ("SST-2", "sts_b"). "mnli-m"/"mnli-mm" (and
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,7 @@ class GlueTask:
     task use, and ``label_columns`` the names of the label column. ``labels`` are the canonical
     label names in GLUE's order (None for regression); ``hf_labels`` are Hugging Face's label
     names in class-id order. ``positive_label`` is the class that F1 is measured on.
+    ``score_range`` is the [low, high] a regression task's labels must lie in.
     """
 
     name: str
@@ -54,6 +57,7 @@ class GlueTask:
     hf_labels: tuple[str, ...]
     metrics: tuple[str, ...]
     positive_label: str | None = None
+    score_range: tuple[float, float] | None = None
 
     @property
     def is_regression(self) -> bool:
@@ -83,7 +87,8 @@ GLUE_TASKS: dict[str, GlueTask] = {t.name: t for t in (
              ("accuracy",)),
     GlueTask("mrpc", (("#1 String", "#2 String"), _PAIR), ("Quality", "label"), _BINARY,
              ("not_equivalent", "equivalent"), ("accuracy", "f1"), positive_label="1"),
-    GlueTask("stsb", (_PAIR,), ("score", "label"), None, (), ("pearson", "spearmanr")),
+    GlueTask("stsb", (_PAIR,), ("score", "label"), None, (), ("pearson", "spearmanr"),
+             score_range=(0.0, 5.0)),
     GlueTask("qqp", (("question1", "question2"),), ("is_duplicate", "label"), _BINARY,
              ("not_duplicate", "duplicate"), ("accuracy", "f1"), positive_label="1"),
     GlueTask("mnli", (_PAIR, _NLI), ("gold_label", "label"),
@@ -138,7 +143,14 @@ def _label(task: GlueTask, table: Table, row: Row, column: str,
     """The canonical label of ``row``, or None where it has none (no value or -1)."""
     if task.is_regression:
         score = score_label(table, row, column)
-        return None if score == -1.0 else score
+        if score is None or score == -1.0:  # -1: a test example without a label
+            return None
+        low, high = task.score_range or (-math.inf, math.inf)
+        if not low <= score <= high:
+            raise DataError(f"{table.where(row)}: {task.name} score {score:g} in column "
+                            f"{column!r} is outside [{low:g}, {high:g}]; correct the score "
+                            "(-1 or an empty value marks an example without one)")
+        return score
     text = label_cell(row, column)
     if text is None:
         return None

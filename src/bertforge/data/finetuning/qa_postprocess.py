@@ -15,7 +15,7 @@ a valid span) and the prediction is "" exactly when ``null_odds > null_score_dif
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from bertforge.core.io import write_json_atomic
 
 from bertforge.data.finetuning.examples import QAExample
 
-__all__ = ["QAFeatures", "QAPredictions", "max_context_masks", "postprocess_qa",
+__all__ = ["QAFeatures", "QAPredictions", "WindowOffsets", "max_context_masks", "postprocess_qa",
            "write_qa_outputs"]
 
 # null_odds.json stands for "no valid span at all" (infinite odds) with this finite value,
@@ -34,21 +34,53 @@ __all__ = ["QAFeatures", "QAPredictions", "max_context_masks", "postprocess_qa",
 NO_SPAN_ODDS = 1e30
 
 
+class WindowOffsets:
+    """The character span in the context of every token of every window, in one array.
+
+    ``spans`` is (N, S, 2) int32 with -1 on question, [CLS], [SEP] and padding tokens, and
+    ``lengths`` (N,) the tokens of each window. One small array instead of a Python tuple per
+    token keeps the features of a long context a few bytes per token (a list of tuples costs
+    about 100). ``offsets[n]`` is window n as a list of (start, end) or None per real token.
+    """
+
+    def __init__(self, spans: np.ndarray, lengths: np.ndarray) -> None:
+        self.spans = spans        # (N, S, 2) int32
+        self.lengths = lengths    # (N,) int64
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def row(self, n: int) -> np.ndarray:
+        """(L, 2) spans of window n's L real tokens; -1 where a token is not context."""
+        return self.spans[n, :int(self.lengths[n])]
+
+    def __getitem__(self, n: int) -> list[tuple[int, int] | None]:
+        return [(s, e) if s >= 0 else None for s, e in self.row(n).tolist()]
+
+    def __iter__(self) -> Iterator[list[tuple[int, int] | None]]:
+        return (self[n] for n in range(len(self)))
+
+    @classmethod
+    def concat(cls, parts: Sequence[WindowOffsets]) -> WindowOffsets:
+        return cls(np.concatenate([p.spans for p in parts]),
+                   np.concatenate([p.lengths for p in parts]))
+
+
 @dataclass
 class QAFeatures:
     """Model inputs for every window of every example, with what post-processing needs.
 
     N windows, S = max_seq_length. ``offsets[n][t]`` is the character span of token t in the
-    example's context, or None for question, [CLS], [SEP] tokens (and it is only as long as the
-    window, not padded). ``token_is_max_context[n, t]`` is True where window n gives context
-    token t the most surrounding context of all windows holding it (see ``max_context_masks``).
+    example's context, or None for question, [CLS], [SEP] tokens (see ``WindowOffsets``).
+    ``token_is_max_context[n, t]`` is True where window n gives context token t the most
+    surrounding context of all windows holding it (see ``max_context_masks``).
     """
 
     input_ids: np.ndarray             # (N, S) int64, padded with [PAD]
     token_type_ids: np.ndarray        # (N, S) int64
     attention_mask: np.ndarray        # (N, S) int64, 1 on real tokens
     example_index: np.ndarray         # (N,) int64, index into the examples list
-    offsets: list[list[tuple[int, int] | None]]
+    offsets: WindowOffsets
     token_is_max_context: np.ndarray  # (N, S) bool
     start_positions: np.ndarray | None = None  # (N,) int64, training only; 0 = [CLS]
     end_positions: np.ndarray | None = None    # (N,) int64
@@ -93,18 +125,19 @@ def _top(values: np.ndarray, allowed: np.ndarray, k: int) -> np.ndarray:
     return idx[order[:k]]
 
 
-def _spans(offsets: list[tuple[int, int] | None], start: np.ndarray, end: np.ndarray,
+def _spans(offsets: np.ndarray, start: np.ndarray, end: np.ndarray,
            max_ctx: np.ndarray, n_best_size: int, max_answer_length: int
            ) -> list[tuple[float, int, int, float, float]]:
-    """(score, char start, char end, start logit, end logit) of one window's valid spans."""
-    is_ctx = np.array([o is not None for o in offsets], dtype=bool)  # (L,)
+    """(score, char start, char end, start logit, end logit) of one window's valid spans;
+    ``offsets`` (L, 2) as ``WindowOffsets.row`` gives them."""
+    is_ctx = offsets[:, 0] >= 0  # (L,)
     found = []
     for s in _top(start, is_ctx & max_ctx, n_best_size).tolist():
         for e in _top(end, is_ctx, n_best_size).tolist():
             if e < s or e - s + 1 > max_answer_length:
                 continue
             sl, el = float(start[s]), float(end[e])
-            found.append((sl + el, offsets[s][0], offsets[e][1], sl, el))  # type: ignore[index]
+            found.append((sl + el, int(offsets[s, 0]), int(offsets[e, 1]), sl, el))
     return found
 
 
@@ -151,7 +184,7 @@ def postprocess_qa(examples: Sequence[QAExample], features: QAFeatures, start_lo
         best: dict[tuple[int, int], tuple[float, int, int, float, float]] = {}
         null: tuple[float, float, float] | None = None  # (score, start logit, end logit)
         for row in windows.get(ex_i, []):
-            offsets = features.offsets[row]
+            offsets = features.offsets.row(row)  # (L, 2)
             size = len(offsets)
             start, end = start_logits[row, :size], end_logits[row, :size]  # (L,) each
             cls = float(start[0] + end[0])

@@ -165,6 +165,7 @@ def _read_table(path: Path, article_field: str | None, summary_field: str | None
     summary = (require_column if require_summaries else choose_column)(
         table, summary_field, SUMMARY_COLUMNS, "summary_field")
     ids = id_column(table, [article, summary])
+    seen: dict[str, int] = {}  # id -> line of its first use
     examples: list[SummaryExample] = []
     for number, row in enumerate(table.rows[:max_examples]):
         text = cell_text(table, row, article)
@@ -176,6 +177,12 @@ def _read_table(path: Path, article_field: str | None, summary_field: str | None
             raise DataError(f"{table.where(row)}: no summary in column {summary!r}; every "
                             "training and evaluation example needs one")
         example_id = cell_text(table, row, ids) if ids is not None else None
+        if example_id is not None:
+            if example_id in seen:
+                raise DataError(f"{table.where(row)}: id {example_id!r} was already used at "
+                                f"{table.path}:{seen[example_id]}; ids must be unique, since "
+                                "predictions are matched to references by id")
+            seen[example_id] = row.line
         examples.append(SummaryExample(
             id=example_id if example_id is not None else str(number), article=text,
             summary=references[0] if references else None, source=table.where(row),
@@ -191,7 +198,8 @@ def read_summarization(path: str | Path, *, article_field: str | None = None,
     Tables: the article column is ``article_field``, else the first of ``ARTICLE_COLUMNS``
     present; the summary column is ``summary_field``, else the first of ``SUMMARY_COLUMNS``
     (names match ignoring case). An example's id is its id/idx/index/guid field, else its
-    0-based row number. A row with a blank article is an error.
+    0-based row number. A row with a blank article is an error, and so is an id used twice
+    (naming both lines): predictions and references are matched by id.
 
     Stories: a story with no article text is an error naming the file (CNN/DailyMail has about
     a hundred such files; remove them first), and so is a story with no highlights when

@@ -52,7 +52,8 @@ def read_swag(path: str | Path, require_labels: bool = True) -> list[ChoiceExamp
     """The multiple-choice examples of a SWAG file.
 
     With ``require_labels`` every row must say which ending is right (column ``label``); without
-    it (test.csv, prediction) rows without one get ``label=None``.
+    it (test.csv, prediction) rows without one get ``label=None``. A blank ending, or a blank
+    sent1 together with a blank sent2, is an error naming the line.
     """
     table = read_table(path)
     context, start = find_column(table.columns, "sent1"), find_column(table.columns, "sent2")
@@ -81,6 +82,17 @@ def read_swag(path: str | Path, require_labels: bool = True) -> list[ChoiceExamp
             id=example_id if example_id else str(number),
             context=required_text(table, row, context),
             start=required_text(table, row, start),
-            endings=[required_text(table, row, column) for column in endings],
+            endings=[_ending(table, row, column) for column in endings],
             label=value, source=table.where(row)))
+        if not (examples[-1].context.strip() or examples[-1].start.strip()):
+            raise DataError(f"{table.where(row)}: sent1 and sent2 are both blank; an example "
+                            "needs the text its endings continue")
     return examples
+
+
+def _ending(table: Table, row: Row, column: str) -> str:
+    text = required_text(table, row, column)
+    if not text.strip():
+        raise DataError(f"{table.where(row)}: {column} is blank; every ending needs text "
+                        "(is a column shifted?)")
+    return text

@@ -12,7 +12,8 @@ The format comes from the extension, after an optional ``.gz``:
   JSON Lines too, as Hugging Face datasets' ``to_json`` writes it).
 
 CSV and TSV files start with a header line unless the caller gives the column names. A UTF-8
-byte order mark is dropped. Blank lines are skipped.
+byte order mark is dropped. Blank lines are skipped. Errors name ``FILE:LINE`` (invalid JSON:
+``FILE:LINE:COLUMN``, the column counted in characters from 1).
 """
 
 from __future__ import annotations
@@ -155,6 +156,9 @@ def _json_lines(path: Path, text: str) -> Table:
     columns: dict[str, None] = {}
     rows: list[Row] = []
     for number, line in enumerate(io.StringIO(text, newline=""), start=1):
+        # Without its line break: json would report an error at the end of the line (an
+        # unclosed object) at column 1 of the next line.
+        line = line.rstrip("\r\n")
         if not line.strip():
             continue
         try:
@@ -164,7 +168,7 @@ def _json_lines(path: Path, text: str) -> Table:
             if not rows and _is_one_document(text):
                 hint = ("the file is one JSON document; write one object per line "
                         "(JSON Lines) instead")
-            raise DataError(f"{path}:{number}: invalid JSON ({exc.msg} at column {exc.colno}); "
+            raise DataError(f"{path}:{number}:{exc.pos + 1}: invalid JSON ({exc.msg}); "
                             f"{hint}") from None
         if not isinstance(record, dict):
             raise DataError(f"{path}:{number}: a JSON {type(record).__name__}, not an object; "
@@ -255,13 +259,16 @@ def label_cell(row: Row, column: str) -> Any:
 def text_example(table: Table, row: Row, number: int, ids: str | None, texts: Sequence[str],
                  label: str | float | None) -> TextExample:
     """One row as a ``TextExample``: its id column's value (else its row number), its one or
-    two text columns, and ``label``."""
+    two text columns, and ``label``. One of a pair may be blank, not both."""
     example_id = cell_text(table, row, ids) if ids is not None else None
-    return TextExample(
-        id=example_id if example_id is not None else str(number),
-        text_a=required_text(table, row, texts[0]),
-        text_b=required_text(table, row, texts[1]) if len(texts) > 1 else None,
-        label=label, source=table.where(row))
+    text_a = required_text(table, row, texts[0])
+    text_b = required_text(table, row, texts[1]) if len(texts) > 1 else None
+    if not text_a.strip() and not (text_b or "").strip():
+        raise DataError(f"{table.where(row)}: no text in column(s) "
+                        f"{', '.join(map(repr, texts))}; every example needs some text (is a "
+                        "column shifted, or the row empty?)")
+    return TextExample(id=example_id if example_id is not None else str(number),
+                       text_a=text_a, text_b=text_b, label=label, source=table.where(row))
 
 
 def score_label(table: Table, row: Row, column: str) -> float | None:

@@ -9,8 +9,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from bertforge.data.finetuning.qa_postprocess import WindowOffsets
+from bertforge.data.finetuning.qa_windows import too_long
 from bertforge.data.finetuning.squad import QAExample, QAFeatures, postprocess_qa, qa_features
-from bertforge.inference.pipelines.base import Pipeline, _MASKED_LOGIT, _fields, _logits, _text
+from bertforge.inference.pipelines.base import (InputError, Pipeline, _MASKED_LOGIT, _fields,
+                                                _logits, _text)
 
 # --- question answering ------------------------------------------------------------------------
 
@@ -24,7 +27,9 @@ class QARequest:
 
 @dataclass
 class QuestionAnsweringPipeline(Pipeline):
-    """Extractive QA; a long context is split into doc-stride windows, never cut."""
+    """Extractive QA; a long context is split into doc-stride windows, never cut. A question or
+    context over ``MAX_CONTEXT_CHARS`` characters (``qa_windows``) is an ``InputError``, and so is
+    a question the tokenizer keeps nothing of."""
 
     fields: ClassVar[tuple[str, ...]] = ("question", "context")
     options: ClassVar[tuple[str, ...]] = ("doc_stride", "max_query_length", "n_best_size",
@@ -61,6 +66,13 @@ class QuestionAnsweringPipeline(Pipeline):
     def parse(self, item: Mapping[str, Any]) -> QARequest:
         item = _fields(item, self.fields)
         question, context = _text(item, "question"), _text(item, "context")
+        for name, text in (("question", question), ("context", context)):
+            why = too_long(text, name)
+            if why:
+                raise InputError(name, why)
+        if not self.tokenizer.tokenize(question):
+            raise InputError("question", "has no text the model can read (only control or "
+                             "formatting characters); send the question's words")
         example = QAExample(id="0", question=question, context=context, answers=[])
         return QARequest(question, context, qa_features(
             [example], self.tokenizer, max_seq_length=self.max_length,
@@ -81,7 +93,7 @@ class QuestionAnsweringPipeline(Pipeline):
             attention_mask=np.concatenate([f.attention_mask for f in parts]),
             example_index=np.concatenate([np.full(len(f), i, dtype=np.int64)
                                           for i, f in enumerate(parts)]),
-            offsets=[o for f in parts for o in f.offsets],
+            offsets=WindowOffsets.concat([f.offsets for f in parts]),
             token_is_max_context=np.concatenate([f.token_is_max_context for f in parts]))
         n, s = feats.input_ids.shape
         start = np.full((n, s), _MASKED_LOGIT, dtype=np.float32)  # (N windows, S)
