@@ -362,9 +362,9 @@ def _harvest(fut: Future | None, task: dict[str, Any], bar: Any) -> dict[str, An
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
+    from bertforge.core.progress import progress_bar
 
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare",
-               disable=not enabled, smoothing=0.1, dynamic_ncols=True)
+    bar = progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare",
+                       disable=not enabled, smoothing=0.1, dynamic_ncols=True)
     bar.seen = {}  # running totals shown after the byte rate
     return bar

@@ -79,13 +79,13 @@ def generate_texts(model: Any, tokenizer: Any, sources: Sequence[np.ndarray],
     (a new shape for each cached key/value), which would recompile the training graphs until
     torch gives up on them.
     """
-    from tqdm.auto import tqdm
+    from bertforge.core.progress import progress_bar
 
     was_training = model.training
     model.eval()
     order = np.argsort([-len(s) for s in sources], kind="stable")
     outputs: list[str] = [""] * len(sources)
-    bar = tqdm(total=len(sources), desc="generate", unit="text", disable=not progress)
+    bar = progress_bar(total=len(sources), desc="generate", unit="text", disable=not progress)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         pad_id = (config.pad_token_id if config.pad_token_id is not None

@@ -21,6 +21,7 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer, WordPieceTrainer
 from tqdm import tqdm
 
+from bertforge.core.progress import progress_bar
 from bertforge.tokenization.bpe import BPE_SPECIAL_TOKENS, BpeTokenizer, parse_bpe_tokenizer_json
 from bertforge.data.corpus import (FORMATS, ReadStats, document_sentences, expand_inputs,
                                    iter_documents)
@@ -127,7 +128,7 @@ def _corpus_batches(
     follows the reading; problems go to ``warn`` and are counted in ``stats``.
     """
     total = sum(p.stat().st_size for p in paths)
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress)
+    bar = progress_bar(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress)
     batch: list[str] = []
     for path in paths:
         docs = iter_documents(

@@ -342,12 +342,14 @@ def _summary(task: Task, s: _Setup, result, validation: dict, elapsed: float,
     steps = result.step - s.start_step
     lines = [
         f"{task.name} " + ("stopped for preemption" if result.preempted else "finished"),
-        f"  steps        {s.start_step} -> {result.step} of {s.max_steps} "
-        f"({steps / max(elapsed, 1e-9):.2f} steps/s, {elapsed:.0f} s)",
+        f"  steps        {s.start_step} -> {result.step} of {s.max_steps} in {elapsed:.0f} s "
+        f"({steps / max(elapsed, 1e-9):.2f} steps/s overall: start-up, evaluation and "
+        "checkpoints included)",
     ]
     lines += task.describe(last, validation)
     if last:
-        lines.append(f"  throughput   {last.get('seq_per_s', 0):.1f} sequences/s")
+        lines.append(f"  throughput   {last.get('seq_per_s', 0):.1f} sequences/s while training "
+                     "(the last log interval)")
     if result.skipped_steps:
         lines.append(f"  skipped      {result.skipped_steps} steps with non-finite gradients")
     lines.append(f"  checkpoint   {final}")

@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from bertforge.core.io import json_text, write_text_atomic
+from bertforge.core.progress import progress_bar
 
 log = logging.getLogger(__name__)
+_SHOWN = ("loss", "val_loss", "mlm_acc", "lr", "seq_per_s")  # on the bar, or the plain line
 
 
 class RunLogger:
@@ -40,8 +43,9 @@ class RunLogger:
             write_text_atomic(self.path, "".join(json_text(r, str(self.path)) + "\n"
                                                  for r in kept))
         self._file = self.path.open("a", encoding="utf-8")
-        self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
-                         dynamic_ncols=True)
+        self._bar = progress_bar(total=total_steps, initial=start_step, desc="train",
+                                 unit="step", dynamic_ncols=True)
+        self._total = total_steps
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -66,8 +70,12 @@ class RunLogger:
                     self._tb.add_scalar(key, value, step)
         if self._bar is not None:
             self._shown.update({k: f"{v:.4g}" for k, v in metrics.items()
-                                if k in ("loss", "val_loss", "mlm_acc", "lr", "seq_per_s")})
-            self._bar.set_postfix(self._shown, refresh=False)
+                                if k in _SHOWN and isinstance(v, (int, float))})
+            if self._bar.disable:  # no terminal (a log file, a pipe): one plain line instead
+                shown = ", ".join(f"{k} {v}" for k, v in self._shown.items())
+                print(f"train: step {step}/{self._total}: {shown}", file=sys.stderr, flush=True)
+            else:
+                self._bar.set_postfix(self._shown, refresh=False)
 
     def write(self, text: str) -> None:
         """Print without breaking the progress bar."""
