@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import difflib
 import logging
+import platform
 import sys
 import textwrap
 import typing
@@ -77,6 +78,8 @@ def _help(f: dataclasses.Field, positional: bool) -> str:
         return text
     if isinstance(default, str) and default == REQUIRED:
         return f"{text} (required)"
+    if default is None and "default" in text.lower():  # the text says what unset means
+        return text
     return f"{text} (default: {default})"
 
 
@@ -145,14 +148,16 @@ def _example(cls: type) -> str:
 
 def _epilog(command: Command) -> str:
     if not command.flat:
-        from bertforge.recipes import RECIPES_DIR, list_recipes
+        from bertforge.recipes import RECIPES_DIR, list_recipes, recipe_summary
 
         folder = (f", folder optional; copy one from {RECIPES_DIR} to edit it"
                   if "pretrain" in command.recipes else "")
-        return ("config keys (set in the YAML file or as --key=value):\n"
-                + "\n".join(describe(command.config))
-                + f"\n\nrecipes (--config NAME{folder}):\n"
-                + "\n".join(f"  {name}" for name in list_recipes(*command.recipes)))
+        names = list_recipes(*command.recipes)
+        pad = max(map(len, names), default=0) + 2
+        return (f"recipes (--config NAME{folder}):\n"
+                + "\n".join(f"  {name:<{pad}}{recipe_summary(name)}" for name in names)
+                + "\n\nconfig keys (set in the YAML file or as --key=value):\n"
+                + "\n".join(describe(command.config)))
     renamed = [f"{flag(old)} (now {flag(f.name)})" for f in dataclasses.fields(command.config)
                for old in f.metadata.get("aliases", ())]
     text = ("Every option is also a config key: give settings in a YAML file with --config "
@@ -185,6 +190,21 @@ def _add_command(sub: Any, command: Command) -> None:
                 _add_field(p, f, hints[f.name], f.name)
 
 
+def _version() -> str:
+    """``bertforge 0.1.0 (Python 3.11.7, torch 2.13.0)``, read from the installed metadata, so
+    that printing it imports nothing heavy."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"bertforge {of('bertforge')} (Python {platform.python_version()}, torch "
+            f"{of('torch')})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertforge", formatter_class=_Formatter,
@@ -192,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "natively.")
     parser.add_argument("-v", "--verbose", dest=VERBOSE, action="store_true",
                         help="Debug logging.")
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="Print the versions of bertforge, Python and torch, and exit.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         _add_command(sub, command)

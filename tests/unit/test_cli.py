@@ -119,3 +119,44 @@ def test_os_errors_are_one_line(capsys: pytest.CaptureFixture) -> None:
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip() and "%|" not in ln]
     assert code == 1 and len(err) == 1 and err[0].startswith("error: ")
     assert "/proc/bertforge-no" in err[0] and "Traceback" not in err[0]
+
+
+def test_version_names_bertforge_python_and_torch(capsys) -> None:
+    import platform
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == (
+        f"bertforge {version('bertforge')} (Python {platform.python_version()}, torch "
+        f"{version('torch')})")
+
+
+def test_progress_is_drawn_on_terminals_only(tmp_path, monkeypatch, capsys) -> None:
+    """A log file gets plain lines, not carriage-return redraws of a bar."""
+    import io
+
+    from bertforge.core.progress import PROGRESS_ENV, progress_bar
+    from bertforge.train.run_log import RunLogger
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert progress_bar(total=3).disable
+    monkeypatch.setenv(PROGRESS_ENV, "always")
+    assert not progress_bar(total=3, file=io.StringIO()).disable
+    monkeypatch.setenv(PROGRESS_ENV, "never")
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert progress_bar(total=3).disable
+    monkeypatch.delenv(PROGRESS_ENV)
+    assert not progress_bar(total=3, file=io.StringIO()).disable
+    log_file = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log_file)
+    run = RunLogger(tmp_path, enabled=True, total_steps=4, start_step=0, tensorboard=False)
+    run.log(2, {"loss": 7.25, "lr": 1e-4, "seq_per_s": 356.25})
+    run.close()
+    assert log_file.getvalue() == "train: step 2/4: loss 7.25, lr 0.0001, seq_per_s 356.2\n"

@@ -9,11 +9,12 @@ mistyped name fails at once.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 
 from bertforge.errors import ConfigError
 
-__all__ = ["RECIPES_DIR", "list_recipes", "resolve_recipe"]
+__all__ = ["RECIPES_DIR", "list_recipes", "recipe_summary", "resolve_recipe"]
 
 # Wheels and editable installs both put the package on disk as plain files, so this is a real
 # directory whose files can be opened (and copied by users who want to edit one).
@@ -27,6 +28,18 @@ def list_recipes(*folders: str) -> list[str]:
     names = sorted(p.relative_to(RECIPES_DIR).with_suffix("").as_posix()
                    for p in RECIPES_DIR.rglob(f"*{_SUFFIX}"))
     return [n for n in names if not folders or n.split("/", 1)[0] in folders]
+
+
+def recipe_summary(name: str, width: int = 72) -> str:
+    """What a recipe is, for ``--help``: the first sentence of its leading comment, cut to about
+    ``width`` characters at a word."""
+    lines = []
+    for line in (RECIPES_DIR / f"{name}{_SUFFIX}").read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").strip())
+    text = re.split(r"(?<!e\.g)\.\s+(?=[A-Z])", " ".join(lines), maxsplit=1)[0].rstrip(".:")
+    return text if len(text) <= width else text[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def resolve_recipe(name_or_path: str | Path) -> Path:
