@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bertforge.demo import run_demo
 
 
@@ -19,6 +21,8 @@ def test_demo_runs_every_stage(tmp_path: Path) -> None:
     assert summary["loss_last"] < summary["loss_first"]
     assert summary["qa"].startswith("exact match ")  # the fine-tuning stage ran and was scored
     assert (tmp_path / "qa-run" / "eval_results.json").is_file()
+    assert Path(summary["qa_model"], "config.json").is_file()  # named in the summary
+    assert Path(summary["bart_model"]) == tmp_path / "bart" / "run" / "checkpoint-20"
     bart = summary["bart"]  # "loss A -> B, validation loss C; transformers loaded it as ...: ... = D"
     first, last = (float(x) for x in bart.split(",")[0].removeprefix("loss ").split(" -> "))
     assert last < first
@@ -38,3 +42,25 @@ def test_sample_qa_is_squad_with_answers_at_their_offsets(tmp_path: Path) -> Non
         assert ex.context[answer.start:answer.start + len(answer.text)] == answer.text
     # Modules are split, so no docstring is in both files.
     assert not {ex.context for ex in a.examples} & {ex.context for ex in b.examples}
+
+
+def test_a_demo_workdir_is_reused_and_a_foreign_folder_refused(tmp_path: Path) -> None:
+    from bertforge.demo.run import MARKER, RUNS, claim_workdir
+    from bertforge.errors import ConfigError
+
+    work = tmp_path / "demo"
+    assert claim_workdir(work) == [] and (work / MARKER).is_file()
+    for run in RUNS:  # what a finished demo leaves: its runs, and data it keeps
+        (work / run / "checkpoint-300").mkdir(parents=True)
+    (work / "data").mkdir()
+    (work / "data" / "manifest.json").write_text("{}")
+    # A second demo trains afresh instead of stopping at "already holds checkpoint-300".
+    assert claim_workdir(work) == [work / run for run in RUNS]
+    assert not any((work / run).exists() for run in RUNS)
+    assert (work / "data" / "manifest.json").is_file()
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="is not empty and was not made by `bertforge demo`"):
+        claim_workdir(foreign)
+    assert (foreign / "notes.txt").read_text() == "keep me"

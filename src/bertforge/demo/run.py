@@ -11,12 +11,19 @@ calls.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
+from bertforge.errors import ConfigError
 from bertforge.recipes import resolve_recipe
+
+MARKER = ".bertforge-demo"
+"""The file that marks a folder as a demo's workdir (a later demo may replace its runs)."""
+RUNS = ("run", "qa-run", "bart/run")
+"""The training runs a demo writes; a new demo in the same workdir trains them afresh."""
 
 SENTENCES = [
     "Return a new [MASK] containing the items of the iterable.",
@@ -43,6 +50,27 @@ def predict_masked(model, tokenizer, sentence: str, top_k: int = 5) -> list[str]
     return tokenizer.convert_ids_to_tokens(best)
 
 
+def claim_workdir(workdir: Path) -> list[Path]:
+    """Make ``workdir`` the demo's and return the earlier runs this demo replaces.
+
+    A new or empty folder gets the marker. A folder an earlier demo made keeps its corpus,
+    vocabularies and prepared data (rebuilt or reused, they come out the same) and loses its
+    training runs, so that ``make demo`` run twice trains twice rather than stopping at the
+    first run's checkpoints. Any other folder is refused: the demo deletes only what it made.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    marker = workdir / MARKER
+    if not marker.is_file():
+        if any(workdir.iterdir()):
+            raise ConfigError(f"--workdir {workdir} is not empty and was not made by `bertforge "
+                              "demo`; give a new or empty folder")
+        marker.write_text("bertforge demo workdir: its runs are replaced by the next demo\n")
+    earlier = [workdir / run for run in RUNS if (workdir / run).exists()]
+    for run in earlier:
+        shutil.rmtree(run)
+    return earlier
+
+
 def run_demo(workdir: Path, steps: int = 300, bart_steps: int = 300) -> dict:
     from bertforge.config import PretrainConfig, load_config
     from bertforge.data.prepare import prepare
@@ -53,7 +81,8 @@ def run_demo(workdir: Path, steps: int = 300, bart_steps: int = 300) -> dict:
     from bertforge.tasks.pretrain import pretrain
 
     t0 = time.perf_counter()
-    workdir.mkdir(parents=True, exist_ok=True)
+    if claim_workdir(workdir):
+        print(f"{workdir} holds an earlier demo: its training runs are replaced, its data reused")
     _stage("1. sample corpus (docstrings of Python's standard library, PSF license)")
     corpus = build_sample_corpus(workdir / "corpus" / "stdlib_docstrings.txt")
     print(f"{corpus} ({corpus.stat().st_size / 1e6:.1f} MB)")
@@ -105,13 +134,27 @@ def run_demo(workdir: Path, steps: int = 300, bart_steps: int = 300) -> dict:
         "validation": ", ".join(f"{k} {v:.4f}" for k, v in result.validation.items()) or "none",
         "transformers": hf_status,
         "qa": f"exact match {qa['exact_match']:.1f}, F1 {qa['f1']:.1f}",
+        "qa_model": str(workdir / "qa-run"),
         "bart": f"loss {bart['loss_first']:.3f} -> {bart['loss_last']:.3f}, validation loss "
                 f"{bart['val_loss']:.3f}; {bart['transformers']}",
+        "bart_model": str(bart["checkpoint"]),
         "minutes": round((time.perf_counter() - t0) / 60, 1),
     }
     for key, value in summary.items():
         print(f"  {key:<12} {value}")
+    print(next_steps(workdir / "qa-run"))
     return summary
+
+
+def next_steps(qa_model: Path) -> str:
+    """What to try after the demo, as commands that work on what it made."""
+    return "\n".join([
+        "", "next:",
+        f"  bertforge predict qa --model {qa_model} --question \"What does it return?\" "
+        "--context \"Return a new list containing the items of the iterable.\"",
+        f"  bertforge serve --model {qa_model}        # then open http://127.0.0.1:8000",
+        "  make demo                                  # again: trains afresh, reuses the data",
+        "  real data and models: README.md (Quick start, Fine-tuning) and docs/"])
 
 
 def _finetune_qa(workdir: Path, checkpoint: Path) -> dict:
@@ -173,7 +216,7 @@ def _bart(workdir: Path, corpus: Path, steps: int) -> dict:
     print("noised input  " + tok.decode(source.tolist(), skip_special_tokens=False))
     print("reconstructed " + tok.decode(out[0].tolist()))
     losses = [r["loss"] for r in result.history]
-    return {"loss_first": losses[0], "loss_last": losses[-1],
+    return {"loss_first": losses[0], "loss_last": losses[-1], "checkpoint": ckpt,
             "val_loss": result.validation.get("val_loss", float("nan")),
             "transformers": _check_transformers_bart(ckpt, model, ids, out)}
 
