@@ -138,6 +138,10 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                                            tokenizer=BertTokenizer(vocab))
     report = export_onnx(root / "model", root / "ner export", triton=True)
     assert report.triton_dir == root / "ner export" / "triton" / "ner_export"
+    # Every path the summary names exists (it once pointed at a README that did not).
+    line = next(x for x in report.summary().splitlines() if "Triton" in x)
+    readme = root / "ner export" / "triton" / "README.md"
+    assert f"see {readme})" in line and readme.is_file(), line
     return root / "ner export"
 
 

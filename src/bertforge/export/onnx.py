@@ -97,8 +97,9 @@ class ExportReport:
         if self.quantization is not None:
             lines.append(f"  {self.quantization.summary()}")
         if self.triton_dir is not None:
-            lines.append(f"  Triton model repository: {self.triton_dir} "
-                         f"(see {self.triton_dir / 'README.md'})")
+            # triton_dir is the model's folder; the repository (and its README) one level up.
+            lines.append(f"  Triton model repository: {self.triton_dir.parent} (model "
+                         f"{self.triton_dir.name}; see {self.triton_dir.parent / 'README.md'})")
         return "\n".join(lines)
 
 
