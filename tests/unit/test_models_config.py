@@ -159,3 +159,17 @@ def test_importing_the_package_does_not_import_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "BertConfig"
+
+
+@pytest.mark.parametrize("width, heads, split", [(768, 5, "12 heads of 64"),
+                                                 (100, 3, "2 heads of 50"),
+                                                 (7, 2, "1 head of 7")])
+def test_an_indivisible_head_count_suggests_one_that_divides(width, heads, split) -> None:
+    from bertforge.errors import ConfigError
+    from bertforge.models import BertConfig
+    from bertforge.models.bart_config import BartConfig
+
+    with pytest.raises(ConfigError, match=rf"choose a head count that divides it \(e\.g\. {split}\)"):
+        BertConfig(hidden_size=width, num_attention_heads=heads, intermediate_size=16)
+    with pytest.raises(ConfigError, match=rf"\(e\.g\. {split}\)"):
+        BartConfig(d_model=width, encoder_attention_heads=heads, decoder_attention_heads=heads)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bertforge.errors import ConfigError
-from bertforge.models.config_base import ModelConfig
+from bertforge.models.config_base import ModelConfig, head_split
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "tanh")
 
@@ -126,7 +126,7 @@ class BartConfig(ModelConfig):
             if self.d_model % heads:
                 raise ConfigError(f"BartConfig.d_model={self.d_model} is not divisible by "
                                   f"{side}_attention_heads={heads}: choose a head count that "
-                                  f"divides it (e.g. {self.d_model // 64 or 1} heads of 64)")
+                                  f"divides it (e.g. {head_split(self.d_model)})")
         if self.activation_function not in ACTIVATIONS:
             raise ConfigError(f"BartConfig.activation_function={self.activation_function!r} is not "
                               f"supported; use one of {', '.join(ACTIVATIONS)}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bertforge.errors import ConfigError
-from bertforge.models.config_base import ModelConfig
+from bertforge.models.config_base import ModelConfig, head_split
 from bertforge.models.presets import PRESETS
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
@@ -86,7 +86,7 @@ class BertConfig(ModelConfig):
             raise ConfigError(
                 f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}: choose a head count that divides it "
-                f"(e.g. {self.hidden_size // 64 or 1} heads of 64)"
+                f"(e.g. {head_split(self.hidden_size)})"
             )
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(

@@ -69,6 +69,14 @@ def unknown_model(name: str, presets: list[str]) -> ConfigError:
                        f"preset.{hint} Valid presets: {', '.join(presets)}")
 
 
+def head_split(width: int) -> str:
+    """A head count that divides ``width``, for messages: the one whose heads are nearest 64
+    wide (BERT's and BART's size), e.g. ``12 heads of 64``, ``4 heads of 25``, ``1 head of 7``."""
+    count = min((n for n in range(1, width + 1) if width % n == 0),
+                key=lambda n: (abs(width // n - 64), n))
+    return f"{count} head{'s' * (count > 1)} of {width // count}"
+
+
 class ModelConfig:
     """Mixin of the family config dataclasses (see the module docstring)."""
 
