@@ -34,6 +34,21 @@ _TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads":
 
 
 @pytest.fixture(scope="session", autouse=True)
+def hub_offline_session(tmp_path_factory: pytest.TempPathFactory):
+    """No test reaches the Hugging Face Hub: offline mode (this process, huggingface_hub's own
+    constant and child processes) and an empty cache of the session's own, so a model name
+    resolves only from a cache a test builds, and anything else fails at once."""
+    import huggingface_hub.constants
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HF_HUB_OFFLINE", "1")
+    patch.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("hf-hub-cache")))
+    patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    yield
+    patch.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Tiny models run fastest on one thread: on a busy shared CPU, multi-threaded kernels spin
     and a step can take 100x longer. Runs that are compared also share the thread count."""

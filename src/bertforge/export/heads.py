@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.models.loading import ModelSource, open_model
+from bertforge.models.loading import ModelSource, model_directory, open_model
 from bertforge.models.registry import FAMILIES, family_of_architecture
 from bertforge.tasks.registry import ENCODER_INPUTS, TASKS, TaskSpec
 
@@ -77,10 +76,7 @@ def resolve_head(model_dir: str | os.PathLike[str],
     """The head spec and source (family and config, config.json read once) of the model
     directory ``model_dir``; ``ConfigError`` naming ``key`` when it is no model directory or
     holds a model that cannot be exported."""
-    path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"{key} {path} is not a model directory (no config.json); give the "
-                          "directory `bertforge finetune` or `pretrain` wrote")
+    path = model_directory(model_dir, key)  # a Hub name: its snapshot
     source = open_model(path, key.lstrip("-"))
     if not source.family.exportable:
         raise ConfigError(f"{key} {path} is a {source.family.name} model; ONNX export covers "

@@ -236,6 +236,7 @@ def _export_locked(model_dir: Path, output: Path, *, opset: int, quantize: str |
 
     _check_arguments(quantize, opset, exporter, atol)
     spec, source = resolve_head(model_dir)
+    model_dir = source.directory  # a Hub name's snapshot
     config = source.config
     _check_output(output)
     tokenizer = load_tokenizer(model_dir)

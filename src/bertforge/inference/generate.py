@@ -116,6 +116,9 @@ def generate_file(model_dir: Path, input_path: Path, output: Path, *,
     from bertforge.tokenization import load_tokenizer
     from bertforge.train.precision import build_precision
 
+    from bertforge.models.loading import model_directory
+
+    model_dir = model_directory(model_dir)  # a Hub name: its snapshot
     # Everything that can be wrong with the settings fails here, before any input is read.
     source, config, limit = _check_generate(model_dir, output, overrides, max_source_length)
     if not input_path.exists():
@@ -143,9 +146,9 @@ def _check_generate(model_dir: Path, output: Path, overrides: dict[str, Any],
     from bertforge.core.limits import length_within
     from bertforge.core.schema import flag
     from bertforge.models.generation import GENERATION_CONFIG_NAME
-    from bertforge.models.loading import model_directory, open_model
+    from bertforge.models.loading import open_model
 
-    source = open_model(model_directory(model_dir), "--model")
+    source = open_model(model_dir, "--model")
     if not source.family.seq2seq:
         raise ConfigError(f"--model {model_dir} is a {source.family.name} model; generate needs "
                           "an encoder-decoder (BART) model")

@@ -35,6 +35,7 @@ from torch import nn
 
 from bertforge.errors import CheckpointError
 from bertforge.models.checks import nonfinite_summary
+from bertforge.models.hub_names import hub_snapshot, parse_hub_name
 from bertforge.core.io import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -250,7 +251,10 @@ class PreTrainedModel(nn.Module):
     @classmethod
     def from_pretrained(cls: type[ModelT], path: str | os.PathLike[str], *, ignore_mismatched_heads: bool = False,
                         **config_overrides: Any) -> ModelT:
-        """Build from a model directory (config.json + weights); returns the model in eval mode.
+        """Build from a model directory (config.json + weights) or a Hugging Face Hub name
+        (``"google-bert/bert-base-uncased"``, ``"org/name@revision"``: its cached snapshot, else
+        downloaded unless ``HF_HUB_OFFLINE``; an existing local path always wins); returns the
+        model in eval mode.
 
         ``config_overrides`` replace config.json fields (e.g. ``hidden_dropout_prob=0.0``,
         ``num_labels=3``); weights must still fit the resulting shapes, except heads when
@@ -258,6 +262,9 @@ class PreTrainedModel(nn.Module):
         Commands load through ``bertforge.models.loading``, which picks the class from the files.
         """
         path = Path(path)
+        name = None if path.exists() else parse_hub_name(str(path))
+        if name is not None:
+            path = hub_snapshot(name, f"from_pretrained({str(path)!r})")
         if not path.is_dir():
             raise CheckpointError(
                 f"{path} is not a model directory (expected a folder with config.json and model.safetensors); "

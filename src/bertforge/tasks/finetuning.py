@@ -144,12 +144,17 @@ def read_tokenizer(model: str | Path) -> Any:
                           "directory") from None
 
 
-def require_weights(source: ModelSource) -> None:
-    """ConfigError unless ``source`` is a model directory (fine-tuning starts from weights)."""
-    if source.directory is None:
-        raise ConfigError(f"model={source.name} is a preset, not a model directory: fine-tuning "
-                          "starts from trained weights (a Hugging Face directory or a bertforge "
-                          "checkpoint)")
+def require_weights(source: ModelSource) -> ModelSource:
+    """``source`` with a model directory: fine-tuning starts from weights. A name that opened as
+    a preset (a shape) is taken as a Hugging Face Hub name instead (presets have no weights);
+    a bare config.json is refused."""
+    if source.directory is not None:
+        return source
+    if Path(source.name).exists():
+        raise ConfigError(f"model={source.name} is a config file, not a model directory: "
+                          "fine-tuning starts from trained weights (a Hugging Face directory or "
+                          "Hub name, or a bertforge checkpoint)")
+    return open_model(source.name, "model", weights=True)
 
 
 def sequence_length(cfg: FinetuneConfig, spec: Any, positions: int) -> int:
@@ -207,10 +212,10 @@ class FinetuneTask(ABC):
         # ``spec``: the task's record (``bertforge.tasks.registry.TaskSpec``, given by the
         # command, which looks it up); ``source``: the starting model (config.json read once);
         # labelled=False: the evaluation file is new data to predict (``bertforge predict``).
+        source = require_weights(source)
         self.cfg, self.info, self.spec, self.source = cfg, info, spec, source
         self.labelled = labelled
-        require_weights(source)
-        self.tokenizer = read_tokenizer(cfg.model)
+        self.tokenizer = read_tokenizer(source.directory)
         self.max_seq_length = sequence_length(cfg, spec, source.config.max_position_embeddings)
         self.check_settings()
         self.examples = self.read()

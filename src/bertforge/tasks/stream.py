@@ -54,7 +54,7 @@ def weights_source(cfg: PretrainConfig, resume_from: Path | None) -> ModelSource
     if resume_from is not None:
         return open_model(resume_from, "resume")
     if cfg.init_from:
-        source = open_model(cfg.init_from, "init_from")
+        source = open_model(cfg.init_from, "init_from", weights=True)
         if source.directory is None:
             raise ConfigError(f"init_from={cfg.init_from} is not a model directory; give a "
                               "checkpoint (e.g. runs/phase1/checkpoint-7038)")

@@ -25,8 +25,10 @@ def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer:
     """The tokenizer ``path`` holds: a vocab.txt is WordPiece (``BertTokenizer``); a
     tokenizer.json is WordPiece or byte-level BPE (``BpeTokenizer``) by its model type; a
     directory is read through its tokenizer.json, else its vocab.txt, else its vocab.json +
-    merges.txt. ``DataError`` when the path holds none of these."""
-    path = Path(path)
+    merges.txt. A Hugging Face Hub name that is no local path (``"google-bert/bert-base-uncased"``)
+    is read from its cached snapshot, else downloaded (``bertforge.models.hub_names``;
+    ``ConfigError`` when offline without it). ``DataError`` when the path holds none of these."""
+    path = _hub_directory(path)
     if path.is_dir():
         kind = _directory_kind(path)
         if kind is None:
@@ -44,6 +46,16 @@ def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer:
         return (BertTokenizer.from_file(path) if _tokenizer_json_kind(path) == "WordPiece"
                 else BpeTokenizer.from_file(path))
     return BertTokenizer.from_file(path)
+
+def _hub_directory(path: str | Path) -> Path:
+    """``path``, or the snapshot directory of the Hub name it spells when no such path exists."""
+    path = Path(path)
+    if path.exists():
+        return path
+    from bertforge.models.hub_names import hub_snapshot, parse_hub_name  # torch-free callers
+
+    name = parse_hub_name(str(path))
+    return path if name is None else hub_snapshot(name, f"tokenizer {path}", weights=False)
 
 def _directory_kind(directory: Path) -> str | None:
     """"WordPiece" or "BPE": the kind of tokenizer a directory holds (its tokenizer.json, else
