@@ -1,7 +1,10 @@
 """bertforge: BERT and BART pretraining and fine-tuning in modern PyTorch, with Hugging Face checkpoints natively.
 
-The model classes are exported lazily (PEP 562) so that ``import bertforge`` (and with it every
-command-line call, ``--help`` included) does not pay for importing torch.
+The Python API (docs/python.md): ``pipeline(task, model)`` answers text as transformers'
+pipelines do; the model classes, tokenizers (callable as transformers'), generation, and the
+``finetune``/``pretrain`` runs with their configs. All are exported lazily (PEP 562) so that
+``import bertforge`` (and with it every command-line call, ``--help`` included) does not pay for
+importing torch.
 """
 
 from __future__ import annotations
@@ -27,8 +30,18 @@ _LAZY = {
     "BartForSequenceClassification": "bertforge.models.bart",
     "BpeTokenizer": "bertforge.tokenization.bpe",
     "BertTokenizer": "bertforge.tokenization",
+    "load_tokenizer": "bertforge.tokenization",
     "GenerationConfig": "bertforge.models.generation",
     "generate": "bertforge.models.generation",
+    "pipeline": "bertforge.inference.pipelines",
+    "load_pipeline": "bertforge.inference.pipelines",
+    "Pipeline": "bertforge.inference.pipelines",
+    "InputError": "bertforge.inference.pipelines",
+    "FinetuneConfig": "bertforge.config",
+    "PretrainConfig": "bertforge.config",
+    "load_config": "bertforge.config",
+    "finetune": "bertforge.tasks.finetune",
+    "pretrain": "bertforge.tasks.pretrain",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -120,7 +120,7 @@ def run_predict(mode: str, model: str | Path, *, question: str | None = None,
                 requests.append(pipeline.parse(item(text)))
             except InputError as exc:
                 raise DataError(f"{where}: {exc}") from None
-        for (_, text), result in zip(batch, pipeline(requests)):
+        for (_, text), result in zip(batch, pipeline.run(requests)):
             emit(text, result)
 
     given = [question] if question is not None else list(texts)

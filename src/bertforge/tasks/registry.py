@@ -130,7 +130,8 @@ TASKS: tuple[TaskSpec, ...] = (
     TaskSpec(
         name="text-classification",
         summary="single-text or text-pair classification and regression (GLUE, your data)",
-        head="sequence-classification", aliases=("classification", "glue", "classify"),
+        head="sequence-classification",
+        aliases=("classification", "glue", "classify", "sentiment-analysis"),
         trainer=Ref("bertforge.tasks.classify", "ClassificationTask"),
         reader=Ref("bertforge.data.finetuning.tables", "read_classification"),
         batches=Ref("bertforge.data.collate.sequences", "SequenceFeatures"),

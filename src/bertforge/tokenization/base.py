@@ -5,10 +5,12 @@ vocabulary. ``wordpiece.BertTokenizer`` (BERT) and ``bpe.BpeTokenizer`` (BART) b
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Any, Iterator, Sequence, Union
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from bertforge.core.io import atomic_write
@@ -16,6 +18,54 @@ from bertforge.errors import DataError
 
 
 Text = Union[str, Sequence[str]]  # a string, or pre-split words (token classification)
+
+# The accepted values of a tokenizer call's padding and truncation (transformers' names) and the
+# strategy each means; None: do not pad / cut.
+_PADDING = {False: None, "do_not_pad": None, True: "longest", "longest": "longest",
+            "max_length": "max_length"}
+_TRUNCATION = {False: None, "do_not_truncate": None, True: "longest_first",
+               "longest_first": "longest_first", "only_first": "only_first",
+               "only_second": "only_second"}
+_TENSORS = (None, "pt", "np")
+
+
+class BatchEncoding(dict):
+    """What calling a tokenizer returns: ``input_ids``, ``attention_mask`` (BERT: and
+    ``token_type_ids``; ``offset_mapping`` when asked) as a dict whose keys also read as
+    attributes (``enc.input_ids``), like transformers' BatchEncoding; ``**enc`` feeds a model."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"BatchEncoding has no {name!r}; it has "
+                                 f"{', '.join(self)}") from None
+
+    def to(self, device: Any) -> BatchEncoding:
+        """The same encoding with its tensors on ``device`` (return_tensors="pt")."""
+        return BatchEncoding({k: v.to(device) if hasattr(v, "to") else v
+                              for k, v in self.items()})
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    """``value`` (a string or a list of strings) as a list; ``TypeError`` for anything else."""
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
+        raise TypeError(f"{name} must be a string or a list of strings, got "
+                        f"{type(value).__name__}")
+    return list(values)
+
+
+def _choice(value: Any, table: dict, name: str) -> str | None:
+    """The strategy of a padding or truncation argument; ``ValueError`` naming the choices."""
+    if isinstance(value, (bool, str)) and value in table:
+        return table[value]
+    choices = ", ".join(repr(k) for k in table)
+    raise ValueError(f"{name}={value!r} is not one of {choices}")
+
+
+def _padded(rows: list[list], width: int, fill: Any) -> list[list]:
+    return [row + [fill] * (width - len(row)) for row in rows]
 
 @dataclass(frozen=True)
 class Window:
@@ -41,6 +91,101 @@ class BackendTokenizer:
     backend: Tokenizer
     vocab: tuple[str, ...]
     unk_id: int
+    pad_id: int
+    model_max_length: int
+    model_input_names: tuple[str, ...] = ("input_ids", "attention_mask")
+    """What calling the tokenizer returns by default, as transformers' tokenizer of the model."""
+
+    @contextmanager
+    def _truncating(self, max_length: int, stride: int, strategy: str) -> Iterator[None]:
+        self.backend.enable_truncation(max_length, stride=stride, strategy=strategy)
+        try:
+            yield
+        finally:
+            self.backend.no_truncation()
+
+    def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None,
+                 *, add_special_tokens: bool = True, padding: bool | str = False,
+                 truncation: bool | str | None = None, max_length: int | None = None,
+                 pad_to_multiple_of: int | None = None, return_tensors: str | None = None,
+                 return_token_type_ids: bool | None = None,
+                 return_attention_mask: bool | None = None,
+                 return_offsets_mapping: bool = False) -> BatchEncoding:
+        """Encode a text (or pair), or a list of them, as transformers' tokenizers do.
+
+        ``padding``: False, True/"longest" (to the longest in the list) or "max_length".
+        ``truncation``: False, True/"longest_first", "only_first" or "only_second"; None (the
+        default) cuts only when ``max_length`` is given and ``padding`` is False.
+        ``max_length`` defaults to ``model_max_length`` where padding or truncation need one.
+        ``return_tensors``: None (lists), "pt" (torch) or "np"; tensors keep a batch dimension
+        even for one text. One text without tensors gives flat lists, a list gives lists of them.
+        """
+        pad, cut = _choice(padding, _PADDING, "padding"), _choice(
+            truncation if truncation is not None else max_length is not None and not padding,
+            _TRUNCATION, "truncation")
+        if return_tensors not in _TENSORS:
+            raise ValueError(f"return_tensors={return_tensors!r} is not one of None, 'pt', 'np'")
+        single = isinstance(text, str)
+        texts = _texts(text, "text")
+        pairs = None if text_pair is None else _texts(text_pair, "text_pair")
+        if pairs is not None and (isinstance(text_pair, str) != single or len(pairs) != len(texts)):
+            raise ValueError(f"text_pair must match text: one string each, or lists of the same "
+                             f"length (got {len(texts)} texts and {len(pairs)} pairs)")
+        limit = max_length if max_length is not None else self.model_max_length
+        if cut and pad and pad_to_multiple_of and limit % pad_to_multiple_of:
+            raise ValueError(f"max_length={limit} is not a multiple of pad_to_multiple_of="
+                             f"{pad_to_multiple_of}: padding would go past the cut")
+        encodings = self._encode_calls(texts, pairs, add_special_tokens, cut and limit, cut)
+        wanted = {"input_ids": True,  # in transformers' order
+                  "token_type_ids": return_token_type_ids if return_token_type_ids is not None
+                  else "token_type_ids" in self.model_input_names,
+                  "attention_mask": return_attention_mask is not False,
+                  "offset_mapping": return_offsets_mapping}
+        rows = {name: [_FIELDS[name](e) for e in encodings] for name, keep in wanted.items()
+                if keep}
+        if pad is not None and encodings:
+            width = max(map(len, rows["input_ids"])) if pad == "longest" else limit
+            if pad_to_multiple_of:
+                width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+            fills = {"input_ids": self.pad_id, "offset_mapping": (0, 0)}
+            rows = {k: _padded(v, width, fills.get(k, 0)) for k, v in rows.items()}
+        return BatchEncoding({k: _as_tensor(v, return_tensors, k) if return_tensors
+                              else v[0] if single else v for k, v in rows.items()})
+
+    def _encode_calls(self, texts: list[str], pairs: list[str] | None, special: bool,
+                      max_length: int | None, strategy: str | None) -> list[Any]:
+        """The backend's encodings of the texts (pairs), cut to ``max_length`` by ``strategy``."""
+        inputs = texts if pairs is None else list(zip(texts, pairs))
+        if not strategy:
+            return self.backend.encode_batch(inputs, add_special_tokens=special)
+        try:
+            with self._truncating(max_length, 0, strategy):
+                return self.backend.encode_batch(inputs, add_special_tokens=special)
+        except Exception as exc:  # tokenizers raises a bare Exception when it cannot cut
+            raise ValueError(f"cannot truncate to max_length={max_length} with {strategy}: "
+                             f"{exc}") from None
+
+    def word_bounds(self, text: str, start: int, end: int) -> tuple[int, int]:
+        """Characters [start, end) of ``text`` widened to whole words: a span that begins or
+        ends inside a word of the tokenizer's pre-tokenization (BERT: words split at whitespace
+        and punctuation, each CJK character one word) is extended to that word's edge."""
+        lo, hi = start, end  # the whitespace-delimited stretch around the span: words stay whole
+        while lo > 0 and not text[lo - 1].isspace():
+            lo -= 1
+        while hi < len(text) and not text[hi].isspace():
+            hi += 1
+        enc = self.backend.encode(text[lo:hi], add_special_tokens=False)
+        words: dict[int, list[int]] = {}  # word -> [first character, end], in text[lo:hi]
+        for word, (a, b) in zip(enc.word_ids, enc.offsets):
+            if word is not None:
+                span = words.setdefault(word, [a, b])
+                span[0], span[1] = min(span[0], a), max(span[1], b)
+        for a, b in words.values():
+            if lo + a < start < lo + b:
+                start = lo + a
+            if lo + a < end < lo + b:
+                end = lo + b
+        return start, end
 
     def save_tokenizer_json(self, path: str | Path) -> None:
         """Write the whole pipeline as a ``tokenizers`` JSON file, atomically."""
@@ -82,6 +227,24 @@ class BackendTokenizer:
         """Id of each vocabulary entry; tokens not in the vocabulary map to ``unk_id``."""
         ids = (self.backend.token_to_id(t) for t in tokens)
         return [self.unk_id if i is None else i for i in ids]
+
+_FIELDS = {"input_ids": lambda e: e.ids, "attention_mask": lambda e: e.attention_mask,
+           "token_type_ids": lambda e: e.type_ids, "offset_mapping": lambda e: e.offsets}
+
+
+def _as_tensor(rows: list[list], kind: str, name: str) -> Any:
+    """``rows`` as one (B, L[, 2]) int64 array ("np") or tensor ("pt"); ``ValueError`` when
+    their lengths differ (pad them)."""
+    if len({len(r) for r in rows}) > 1:
+        raise ValueError(f"cannot make one tensor of {name}: the sequences have different "
+                         f"lengths; pass padding=True")
+    array = np.array(rows, dtype=np.int64)
+    if kind == "np":
+        return array
+    import torch  # only when tensors are asked for: tokenizing does not need torch
+
+    return torch.from_numpy(array)
+
 
 def read_json_object(path: Path) -> dict:
     try:

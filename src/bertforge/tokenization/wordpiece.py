@@ -12,9 +12,8 @@ always looked up, never assumed: our trained vocabularies put them at 0..4, Goog
 from __future__ import annotations
 
 import hashlib
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
@@ -119,6 +118,8 @@ def _wordpiece(vocab: dict[str, int] | None) -> WordPiece:
 
 class BertTokenizer(BackendTokenizer):
     """WordPiece tokenizer with BERT's normalization; a thin layer over ``tokenizers.Tokenizer``."""
+
+    model_input_names = ("input_ids", "token_type_ids", "attention_mask")
 
     def __init__(
         self,
@@ -241,14 +242,6 @@ class BertTokenizer(BackendTokenizer):
         write_text_atomic(path, "\n".join(self.vocab) + "\n")
 
     # -- encoding -------------------------------------------------------------------------------
-
-    @contextmanager
-    def _truncating(self, max_length: int, stride: int, strategy: str) -> Iterator[None]:
-        self.backend.enable_truncation(max_length, stride=stride, strategy=strategy)
-        try:
-            yield
-        finally:
-            self.backend.no_truncation()
 
     def encode_windows(
         self,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, is_dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -118,6 +118,13 @@ class TextRequest:
     top_k: int = 0  # fill-mask only
 
 
+def _parsed(inputs: Any) -> bool:
+    """Whether ``inputs`` is a non-empty list of parsed requests (each a dataclass instance,
+    never a raw string or dict)."""
+    return (isinstance(inputs, Sequence) and not isinstance(inputs, str) and len(inputs) > 0
+            and all(is_dataclass(r) and not isinstance(r, type) for r in inputs))
+
+
 def _logits(value: Any) -> np.ndarray:
     """Model output (a tensor of the PyTorch model, or an array of another backend) as float32."""
     if torch.is_tensor(value):
@@ -141,6 +148,8 @@ class Pipeline(ABC):
 
     fields: ClassVar[tuple[str, ...]] = ("text",)
     """The fields of a request item (the request schema; ``parse`` checks each)."""
+    text_field: ClassVar[str | None] = "text"
+    """The field a bare string input fills (None: the task needs a dict, as QA does)."""
     options: ClassVar[tuple[str, ...]] = ()
     default_truncation: ClassVar[str] = "error"
     windowed: ClassVar[bool] = False
@@ -174,8 +183,42 @@ class Pipeline(ABC):
         return len(request.window.ids)
 
     @abstractmethod
-    def __call__(self, requests: Sequence[Any]) -> list[dict]:
+    def run(self, requests: Sequence[Any]) -> list[dict]:
         """One JSON-able result per parsed request, in order, from one padded batch."""
+
+    def __call__(self, inputs: Any = None, /, **fields: Any) -> Any:
+        """Answer raw items, or requests ``parse`` made (the server and ``predict`` batch those).
+
+        Raw: a string (the ``text_field``), a dict of request fields, or a list of them;
+        ``fields`` are added to every item (``qa(question=..., context=...)``,
+        ``fill(text, top_k=3)``). One input gives one result dict, a list gives a list. A bad
+        item raises ``InputError`` naming its field and, in a list, its index
+        (``inputs[2].context``). Parsed requests: the list of results of one batch.
+        """
+        if not fields and _parsed(inputs):
+            return self.run(inputs)
+        if inputs is None or isinstance(inputs, (str, Mapping)):
+            return self.run([self._parse_raw(inputs, fields)])[0]
+        if not isinstance(inputs, Iterable) or isinstance(inputs, (bytes, bytearray)):
+            raise InputError("", f"expected a string, a dict of fields or a list of them, got "
+                             f"{type(inputs).__name__}")
+        return self.run([self._parse_raw(item, fields, i) for i, item in enumerate(inputs)])
+
+    def _parse_raw(self, item: Any, fields: Mapping[str, Any], index: int | None = None) -> Any:
+        """``parse`` of a raw item (a string fills ``text_field``) with ``fields`` added; an
+        error names the item's index in a list."""
+        try:
+            if isinstance(item, str) and self.text_field is not None:
+                item = {self.text_field: item}
+            elif item is None:
+                item = {}
+            elif not isinstance(item, Mapping):
+                wanted = "a dict" if self.text_field is None else "a string or a dict"
+                raise InputError("", f"expected {wanted} with fields {', '.join(self.fields)}, "
+                                 f"got {type(item).__name__}")
+            return self.parse({**item, **fields})
+        except InputError as exc:
+            raise (exc if index is None else exc.within(f"inputs[{index}]")) from None
 
     def describe(self) -> dict:
         """What /health and the OpenAPI examples show: task, model, limits, an example item."""

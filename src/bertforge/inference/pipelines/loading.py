@@ -97,8 +97,9 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     (default: "truncate" for summarization, else "error"; QA windows instead). ``backend``: a
     callable with the PyTorch model's call signature and outputs (e.g. onnxruntime-backed) used
     instead of the PyTorch model; one with a ``device`` has chosen it (``device`` is then not
-    read) and one with a ``source`` has read config.json (as ``OnnxModel``). ``options``: the task's own (QA: doc_stride, max_query_length,
-    n_best_size, max_answer_length, null_score_diff_threshold, max_windows; fill-mask: top_k;
+    read) and one with a ``source`` has read config.json (as ``OnnxModel``). ``options``: the
+    task's own (QA: doc_stride, max_query_length, n_best_size, max_answer_length,
+    null_score_diff_threshold, max_windows, align_to_words; fill-mask: top_k;
     feature-extraction: pooling, normalize). User mistakes raise ``ConfigError``.
     """
     model_dir = model_directory(model_dir)
@@ -142,3 +143,30 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
                precision=build_precision("fp32" if backend is not None else precision, target),
                max_length=min(limit, positions), truncation=truncation,
                backend="pytorch" if backend is None else type(backend).__name__, **extra)
+
+
+def _device_name(device: Any) -> str:
+    """transformers' device forms as ours: -1 is the CPU, N is cuda:N, a torch.device its
+    name."""
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        raise ConfigError(f"device must be a name (auto, cpu, cuda, cuda:N), a GPU number or -1, "
+                          f"got {device!r}")
+    if isinstance(device, int):
+        return "cpu" if device < 0 else f"cuda:{device}"
+    return str(device)
+
+
+def pipeline(task: str | None = None, model: str | Path | None = None, *,
+             device: Any = "auto", **options: Any) -> Pipeline:
+    """A pipeline called as transformers' ``pipeline(task, model)``: ``task`` a bertforge or
+    transformers task name or alias (None: the task the model was fine-tuned for), ``model`` a
+    model directory. It answers a string, a dict of fields or a list of them: one input gives
+    one result dict, a list a list (``Pipeline.__call__``). ``device``: auto, cpu, cuda[:N], a
+    GPU number or -1; ``options`` are ``load_pipeline``'s (precision, max_length, truncation and
+    the task's own, e.g. top_k or align_to_words). User mistakes raise ``ConfigError``."""
+    if model is None:
+        hint = (f"; to load {task!r}, pass it as model=" if task is not None
+                and Path(task).exists() else "")
+        raise ConfigError(f"pipeline() needs model=: a model directory; bertforge has no default "
+                          f"model for a task{hint}")
+    return load_pipeline(model, task, device=_device_name(device), **options)

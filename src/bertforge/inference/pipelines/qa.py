@@ -12,6 +12,7 @@ import torch
 from bertforge.data.finetuning.qa_postprocess import WindowOffsets
 from bertforge.data.finetuning.qa_windows import too_long
 from bertforge.data.finetuning.squad import QAExample, QAFeatures, postprocess_qa, qa_features
+from bertforge.errors import ConfigError
 from bertforge.inference.pipelines.base import (InputError, Pipeline, _MASKED_LOGIT, _fields,
                                                 _logits, _text)
 
@@ -29,18 +30,23 @@ class QARequest:
 class QuestionAnsweringPipeline(Pipeline):
     """Extractive QA; a long context is split into doc-stride windows, never cut. A question or
     context over ``MAX_CONTEXT_CHARS`` characters (``qa_windows``) is an ``InputError``, and so is
-    a question the tokenizer keeps nothing of."""
+    a question the tokenizer keeps nothing of. Answers are the spans evaluation picks, widened
+    to whole words (``align_to_words``)."""
 
     fields: ClassVar[tuple[str, ...]] = ("question", "context")
+    text_field: ClassVar[str | None] = None  # a bare string is not a question with a context
     options: ClassVar[tuple[str, ...]] = ("doc_stride", "max_query_length", "n_best_size",
                                           "max_answer_length", "null_score_diff_threshold",
-                                          "max_windows")
+                                          "max_windows", "align_to_words")
     doc_stride: int = 128
     max_query_length: int = 64
     n_best_size: int = 20
     max_answer_length: int = 30
     null_score_diff_threshold: float = 0.0
     max_windows: int = 64      # windows per forward pass
+    align_to_words: bool = True
+    """Widen an answer that starts or ends inside a word to the whole word (as transformers'
+    QA pipeline does); evaluation scores the spans as the model gives them."""
     version_2: bool | None = None  # SQuAD 2.0 model, may answer "no answer" (None: config.json)
     windowed: ClassVar[bool] = True
 
@@ -56,6 +62,8 @@ class QuestionAnsweringPipeline(Pipeline):
         return {**settings, "max_length": data.max_seq_length} if data.max_seq_length else settings
 
     def __post_init__(self) -> None:
+        if not isinstance(self.align_to_words, bool):
+            raise ConfigError(f"align_to_words must be true or false, got {self.align_to_words!r}")
         if self.version_2 is None:
             self.version_2 = self.config.finetuning_task == "squad_v2"
         # Checks the window settings now (ConfigError), not at the first request.
@@ -81,7 +89,7 @@ class QuestionAnsweringPipeline(Pipeline):
     def cost(self, request: QARequest) -> int:
         return int(request.features.attention_mask.sum())
 
-    def __call__(self, requests: Sequence[QARequest]) -> list[dict]:
+    def run(self, requests: Sequence[QARequest]) -> list[dict]:
         if not requests:
             return []
         examples = [QAExample(id=str(i), question=r.question, context=r.context, answers=[])
@@ -111,20 +119,27 @@ class QuestionAnsweringPipeline(Pipeline):
                                max_answer_length=self.max_answer_length,
                                version_2=self.version_2,
                                null_score_diff_threshold=self.null_score_diff_threshold)
-        return [self._answer(preds.predictions[ex.id], preds.nbest[ex.id]) for ex in examples]
+        return [self._answer(ex.context, preds.predictions[ex.id], preds.nbest[ex.id])
+                for ex in examples]
 
-    def _answer(self, text: str, nbest: list[dict]) -> dict:
+    def _answer(self, context: str, text: str, nbest: list[dict]) -> dict:
+        """The result of one question: evaluation's best span, widened to whole words under
+        ``align_to_words`` (its score stays the span's)."""
         best = next((e for e in nbest if e["text"] == text), nbest[0])
-        result: dict[str, Any] = {"answer": text, "score": best["probability"],
-                                  "start": best["start"] if text else None,
-                                  "end": best["end"] if text else None}
+        start, end = (best["start"], best["end"]) if text else (None, None)
+        if text and self.align_to_words:
+            start, end = self.tokenizer.word_bounds(context, start, end)
+            text = context[start:end]
+        result: dict[str, Any] = {"answer": text, "score": best["probability"], "start": start,
+                                  "end": end}
         if self.version_2:
             result["no_answer"] = text == ""
         return result
 
     def describe(self) -> dict:
         return {**super().describe(), "doc_stride": self.doc_stride,
-                "max_query_length": self.max_query_length, "version_2": self.version_2}
+                "max_query_length": self.max_query_length, "version_2": self.version_2,
+                "align_to_words": self.align_to_words}
 
     def example(self) -> dict:
         return {"question": "Where is the Eiffel Tower?",

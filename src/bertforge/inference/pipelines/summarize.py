@@ -63,7 +63,7 @@ class SummarizationPipeline(Pipeline):
     def cost(self, request: SummaryRequest) -> int:
         return len(request.ids) * request.settings.num_beams  # beams repeat the encoder rows
 
-    def __call__(self, requests: Sequence[SummaryRequest]) -> list[dict]:
+    def run(self, requests: Sequence[SummaryRequest]) -> list[dict]:
         from bertforge.inference.generate import generate_texts
 
         groups: dict[Any, list[int]] = {}
