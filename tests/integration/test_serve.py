@@ -361,11 +361,18 @@ def test_health_openapi_docs_and_page(qa: httpx.Client) -> None:
         schema["paths"])
     body = schema["paths"]["/v1/question-answering"]["post"]["requestBody"]
     assert body["content"]["application/json"]["example"]["question"]
-    assert qa.get("/docs").status_code == 200
+    docs = qa.get("/docs")
+    assert docs.status_code == 200 and "text/html" in docs.headers["content-type"]
+    # Every route of the schema, with the request example, on a page that works offline.
+    for path in schema["paths"]:
+        assert f"<code>{path}</code>" in docs.text, path
+    assert "&quot;question&quot;" in docs.text
     page = qa.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     # Self-contained: no script, style or font fetched from another host.
-    assert not re.search(r"(src|href)=\"(https?:)?//", page.text)
+    for html_page in (page, docs):
+        assert not re.search(r"(src|href)=\"(https?:)?//", html_page.text)
+        assert "<script src" not in html_page.text
 
 
 @pytest.mark.parametrize("body, status, field", [

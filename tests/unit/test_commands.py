@@ -101,15 +101,15 @@ OLD_FLAGS = [
                          "api_key": None, "max_batch_tokens": 8192, "max_wait_ms": 5.0,
                          "max_batch_items": 32, "max_body_bytes": 1 << 20,
                          "max_text_chars": 100_000, "truncation": None, "device": "auto",
-                         "no_embeddings": False, "log_level": "info"}),
+                         "no_embeddings": False, "log_level": "info", "replicas": None}),
     ("serve --model m --host 0.0.0.0 --port 0 --task fill-mask --backend onnx-int8 "
      "--api-key k --max-batch-tokens 100 --max-wait-ms 2.5 --max-batch-items 4 "
      "--max-body-bytes 1000 --max-text-chars 50 --truncation truncate --device cpu "
-     "--no-embeddings --log-level debug", {
+     "--no-embeddings --log-level debug --replicas 2", {
          "host": "0.0.0.0", "port": 0, "task": "fill-mask", "backend": "onnx-int8",
          "api_key": "k", "max_batch_tokens": 100, "max_wait_ms": 2.5, "max_batch_items": 4,
          "max_body_bytes": 1000, "max_text_chars": 50, "truncation": "truncate",
-         "device": "cpu", "no_embeddings": True, "log_level": "debug"}),
+         "device": "cpu", "no_embeddings": True, "log_level": "debug", "replicas": "2"}),
     ("serve --model m --max-json-depth 4 --max-number-digits 20 --max-num-beams 2 "
      "--max-generation-length 64 --max-generation-tokens 512 --header-timeout 1.5 "
      "--body-timeout 2.5 --keep-alive-timeout 0.5", {
@@ -123,6 +123,10 @@ OLD_FLAGS = [
      "--atol 0.001 --exporter torchscript", {
          "opset": 14, "quantize": "int8", "sample": "s.tsv", "triton": True, "atol": 1e-3,
          "exporter": "torchscript"}),
+    ("export sentence-transformers --model m --output o", {
+        "what": "sentence-transformers", "pooling": None, "normalize": False}),
+    ("export sentence-transformers --model m --output o --pooling cls --normalize", {
+        "pooling": "cls", "normalize": True}),
     ("plan", {"model": "bert-large-uncased", "max_seq_length": 128, "gpus": 8,
               "gpu_memory": 80.0, "global_batch_size": 65536, "precision": "bf16"}),
     ("plan --model bert-base-uncased --seq-len 512 --gpus 4 --gpu-memory 40 "

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from bertforge.commands.base import Command
+from bertforge.errors import ConfigError
 from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
 from bertforge.serve.settings import LIMIT_NAMES, ServeSettings
 
@@ -64,7 +65,12 @@ class ServeConfig:
     truncation: Optional[str] = opt(None, "Inputs over the model's length: 422 (error) or cut "
                                     "and flagged (truncate); default: the task's (error; QA "
                                     "windows, summaries cut).", choices=("error", "truncate"))
-    device: str = opt("auto", "auto (CUDA if available), cpu, cuda, cuda:N.")
+    device: str = opt("auto", "auto (CUDA if available), cpu, cuda, cuda:N, or a comma list "
+                      "(cuda:0,cuda:1: one replica on each).")
+    replicas: Optional[str] = opt(None, "Model copies in worker processes behind one port and "
+                                  "queue: N (GPUs of --device in turn; on a CPU, cores/N threads "
+                                  "each) or auto (one per GPU; 1 on a CPU). Default: one per "
+                                  "--device listed, i.e. 1, in this process.")
     no_embeddings: bool = opt(False, "Do not serve /v1/embeddings (it loads the encoder a "
                               "second time).")
     log_level: str = opt("info", "Log level.",
@@ -80,14 +86,16 @@ def run_serve(cfg: ServeConfig) -> int:
     return serve(Path(cfg.model), host=cfg.host, port=cfg.port, task=cfg.task,
                  backend=cfg.backend, api_key=cfg.api_key, truncation=cfg.truncation,
                  device=cfg.device, embeddings=not cfg.no_embeddings, log_level=cfg.log_level,
-                 **{name: getattr(cfg, name) for name in LIMIT_NAMES})
+                 replicas=cfg.replicas, **{name: getattr(cfg, name) for name in LIMIT_NAMES})
 
 
 @dataclass
 class ExportConfig:
     """``bertforge export``."""
 
-    what: str = opt(REQUIRED, "The format.", positional=True, choices=("onnx",))
+    what: str = opt(REQUIRED, "The format: onnx, or sentence-transformers (the encoder with "
+                    "its pooling, a directory SentenceTransformer(DIR) loads).", positional=True,
+                    choices=("onnx", "sentence-transformers"))
     model: str = opt(REQUIRED, "A model directory (BERT heads).")
     output: str = opt(REQUIRED, "A new (or empty) output directory.")
     opset: int = opt(17, "ONNX opset.", minimum=1)
@@ -102,12 +110,27 @@ class ExportConfig:
                       "output.")
     exporter: str = opt("auto", "torch.onnx exporter: auto tries dynamo, then TorchScript.",
                         choices=("auto", "dynamo", "torchscript"))
+    pooling: Optional[str] = opt(None, "sentence-transformers: mean of the token vectors or the "
+                                 "first token's (default: the model's saved pooling, else "
+                                 "mean).", choices=("mean", "cls"))
+    normalize: bool = opt(False, "sentence-transformers: unit-length vectors (a Normalize "
+                          "module; default: as the model was saved, else off).")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        onnx_only = {"--quantize": self.quantize, "--sample": self.sample,
+                     "--triton": self.triton or None}
+        given = [flag for flag, value in onnx_only.items() if value is not None]
+        if self.what == "sentence-transformers" and given:
+            raise ConfigError(f"{given[0]} applies to export onnx, not sentence-transformers")
+        if self.what == "onnx" and (self.pooling is not None or self.normalize):
+            raise ConfigError("--pooling and --normalize apply to export sentence-transformers, "
+                              "not onnx")
 
 
 def run_export(cfg: ExportConfig) -> int:
+    if cfg.what == "sentence-transformers":
+        return _export_sentence_transformers(cfg)
     from bertforge.export import export_onnx
 
     report = export_onnx(Path(cfg.model), Path(cfg.output), opset=cfg.opset,
@@ -118,9 +141,21 @@ def run_export(cfg: ExportConfig) -> int:
     return 0
 
 
+def _export_sentence_transformers(cfg: ExportConfig) -> int:
+    from bertforge.export.sentence_transformers import export_sentence_transformers
+
+    files = export_sentence_transformers(Path(cfg.model), Path(cfg.output), pooling=cfg.pooling,
+                                         normalize=True if cfg.normalize else None)
+    save_config(cfg, Path(cfg.output) / EXPORT_CONFIG_NAME)
+    print(f"wrote {cfg.output}: {', '.join(files)}\n"
+          f"load it with: SentenceTransformer({str(cfg.output)!r})")
+    return 0
+
+
 SERVE = Command("serve", "Serve a model over HTTP (its task's endpoint, /v1/embeddings, "
                 "/health, /metrics, /docs, a page at /) with dynamic batching.", ServeConfig,
                 run_serve)
 EXPORT = Command("export", "Export a fine-tuned BERT to ONNX (parity-checked), optionally "
-                 "int8-quantized and as a Triton model repository.", ExportConfig, run_export,
+                 "int8-quantized and as a Triton model repository, or as a sentence-transformers "
+                 "embedding model.", ExportConfig, run_export,
                  saves=f"OUTPUT/{EXPORT_CONFIG_NAME}")

@@ -6,8 +6,13 @@ Routes (``TASK`` is the pipeline's task, e.g. ``question-answering``):
   ...}``) answered by one result object, or ``{"inputs": [item, ...]}`` answered by
   ``{"outputs": [result, ...]}`` in the same order. Every item goes through the dynamic batcher on
   its own, so items of one request and of concurrent requests share model calls.
-* ``GET /health``: ready flag and the model's description; ``GET /metrics``: Prometheus text;
-  ``GET /openapi.json`` and ``GET /docs``: FastAPI's schema and its browsable page; ``GET /``: a
+  ``/v1/embeddings`` also takes OpenAI's shape (a body with ``input``;
+  :mod:`bertforge.serve.embeddings`).
+* ``POST /embed``, ``/rerank``, ``/tokenize`` and ``GET /info``: text-embeddings-inference's
+  routes (:mod:`bertforge.serve.tei`), through the same batchers.
+* ``GET /health``: ready flag and the model's description (503 once no replica is left);
+  ``GET /metrics``: Prometheus text; ``GET /openapi.json``: FastAPI's schema; ``GET /docs``: the
+  schema as a page rendered here, with no CDN (:mod:`bertforge.serve.docs_page`); ``GET /``: a
   page to try the model (see :mod:`bertforge.serve.page`).
 
 Errors are JSON, ``{"error": {"field": NAME or null, "message": TEXT}}``, whatever goes wrong:
@@ -28,7 +33,6 @@ model output) stay open. The page sends the key the user types into it.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import time
@@ -42,13 +46,16 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bertforge.tasks.registry import get_task
-from bertforge.inference.pipelines import InputError, Pipeline
-from bertforge.serve.batching import BatcherClosed, DynamicBatcher
-from bertforge.serve.limits import (ApiError, Items, body_items, check_generation, error_body,
-                                    parse_json, read_body)
+from bertforge.inference.pipelines import Pipeline
+from bertforge.serve.answering import answer_items
+from bertforge.serve.batching import DynamicBatcher
+from bertforge.serve.embeddings import EmbeddingApi
+from bertforge.serve.limits import ApiError, body_items, error_body, parse_json, read_body
 from bertforge.serve.metrics import CONTENT_TYPE, ServerMetrics
+from bertforge.serve.docs_page import docs_html
 from bertforge.serve.page import PAGE_HTML
 from bertforge.serve.settings import ServeSettings
+from bertforge.serve.tei import TeiApi, add_tei_routes
 
 log = logging.getLogger("bertforge.serve")
 
@@ -63,20 +70,24 @@ def _error(status: int, message: str, field: str | None = None,
 
 def create_app(pipeline: Pipeline, settings: ServeSettings, *,
                embeddings: Pipeline | None = None,
-               unavailable: Mapping[str, str] | None = None) -> FastAPI:
+               unavailable: Mapping[str, str] | None = None, replicas: Any = None) -> FastAPI:
     """The ASGI app serving ``pipeline`` at its task's route (the task registry's: ``/v1/<task>``,
     ``/v1/embeddings`` for feature extraction), plus ``embeddings`` at ``/v1/embeddings`` when
     given. ``unavailable`` maps routes this server could serve but does not (``/v1/embeddings``
-    on an ONNX backend) to the reason, answered as a JSON 404."""
+    on an ONNX backend) to the reason, answered as a JSON 404. ``replicas``: the
+    :class:`~bertforge.serve.replicas.ReplicaPool` running the batches (one batch per replica
+    at a time; its state joins /health and /metrics)."""
     served = {get_task(pipeline.task).serving.route: pipeline}
     if embeddings is not None:
         if EMBEDDINGS_PATH in served:
             raise ValueError("embeddings given twice: the pipeline already extracts features")
         served[EMBEDDINGS_PATH] = embeddings
     metrics = ServerMetrics()
+    if replicas is not None:
+        metrics.add_replicas(replicas.snapshot)
     batchers = {path: DynamicBatcher(
         p, max_batch_tokens=settings.max_batch_tokens, max_batch_items=settings.max_batch_items,
-        max_wait_ms=settings.max_wait_ms,
+        max_wait_ms=settings.max_wait_ms, concurrency=replicas.size if replicas else 1,
         on_batch=lambda stats, task=p.task: metrics.observe_batch(task, stats))
         for path, p in served.items()}
 
@@ -89,7 +100,9 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
         for batcher in batchers.values():
             await batcher.close()
 
-    app = FastAPI(title="bertforge serve", version="1", lifespan=lifespan,
+    # docs_url=None: FastAPI's page loads Swagger UI from a CDN; ours is rendered here, offline.
+    app = FastAPI(title="bertforge serve", version="1", lifespan=lifespan, docs_url=None,
+                  redoc_url=None,
                   description=f"Serving a {pipeline.task} model with dynamic batching.")
     protect = [Depends(_key_check(settings.api_key))] if settings.api_key else []
     _add_error_handlers(app)
@@ -109,11 +122,19 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
             metrics.observe_request(getattr(route, "path", "other"), status,
                                     time.perf_counter() - started)
 
+    extractor = served.get(EMBEDDINGS_PATH)
+    embedding_api = (EmbeddingApi(extractor, batchers[EMBEDDINGS_PATH], settings)
+                     if extractor is not None else None)
     for path, served_pipeline in served.items():
-        _add_task_route(app, path, served_pipeline, batchers[path], settings, protect)
+        _add_task_route(app, path, served_pipeline, batchers[path], settings, protect,
+                        openai=embedding_api.openai if path == EMBEDDINGS_PATH and
+                        embedding_api is not None else None)
     for path, reason in (unavailable or {}).items():
         _add_unavailable_route(app, path, reason)
-    _add_info_routes(app, pipeline.task, served, settings, metrics, protect)
+    add_tei_routes(app, TeiApi(pipeline, batchers[get_task(pipeline.task).serving.route],
+                               embedding_api, settings), protect,
+                   (unavailable or {}).get(EMBEDDINGS_PATH))
+    _add_info_routes(app, pipeline.task, served, settings, metrics, protect, replicas)
     return app
 
 
@@ -160,24 +181,34 @@ def _add_unavailable_route(app: FastAPI, path: str, reason: str) -> None:
 
 
 def _add_info_routes(app: FastAPI, task: str, served: Mapping[str, Pipeline],
-                     settings: ServeSettings, metrics: ServerMetrics, protect: list) -> None:
+                     settings: ServeSettings, metrics: ServerMetrics, protect: list,
+                     replicas: Any = None) -> None:
     """``/health``, ``/metrics`` and the page at ``/``."""
     description = {path: p.describe() for path, p in served.items()}
 
-    @app.get("/health", summary="Readiness and the served model")
-    async def health() -> dict:
-        return {"status": "ok", "ready": True, "task": task,
+    @app.get("/health", summary="Readiness and the served model",
+             description="200 while the server can answer; 503 (same body, ready: false) "
+                         "when every model replica is gone, so that a load balancer stops "
+                         "sending requests here.")
+    async def health() -> JSONResponse:
+        body = {"status": "ok", "ready": True, "task": task,
                 "endpoints": {path: {"task": served[path].task,
                                      "form": get_task(served[path].task).serving.form,
                                      "model": description[path]}
                               for path in served},
                 "limits": settings.limits(),
-                "auth": settings.api_key is not None}
+                "auth": settings.api_key is not None,
+                **(replicas.health() if replicas is not None else {})}
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @app.get("/metrics", summary="Prometheus metrics", dependencies=protect,
              response_class=Response)
     async def prometheus() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(docs_html(app.openapi()))
 
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)
     async def page() -> HTMLResponse:
@@ -202,62 +233,41 @@ def _key_check(api_key: str) -> Any:
     return check
 
 
-def _input_error(exc: InputError, prefix: str | None) -> ApiError:
-    """A pipeline's InputError as a 422, its field inside ``inputs[i]`` for batch items."""
-    if prefix is not None:
-        exc = exc.within(prefix)
-    return ApiError(422, str(exc), exc.field)
-
-
-def _parse_all(pipeline: Pipeline, items: Items) -> list[tuple[Any, int]]:
-    """``(request, cost)`` of every item; the first bad item raises its 422."""
-    parsed = []
-    for prefix, item in items:
-        try:
-            request = pipeline.parse(item)
-        except InputError as exc:
-            raise _input_error(exc, prefix) from None
-        parsed.append((request, pipeline.cost(request)))
-    return parsed
-
-
 def _add_task_route(app: FastAPI, path: str, pipeline: Pipeline, batcher: DynamicBatcher,
-                    settings: ServeSettings, protect: list) -> None:
-    """Register ``POST path`` answering items of ``pipeline`` through ``batcher``."""
+                    settings: ServeSettings, protect: list, openai: Any = None) -> None:
+    """Register ``POST path`` answering items of ``pipeline`` through ``batcher``; with
+    ``openai`` (``/v1/embeddings``), a body with OpenAI's ``input`` field is answered by it."""
 
     async def predict(request: Request) -> JSONResponse:
         body = parse_json(await read_body(request, settings), settings)
+        if openai is not None and isinstance(body, dict) and "input" in body:
+            return JSONResponse(await openai(body))
         items, batched = body_items(body, settings)
-        try:
-            parsed = await batcher.in_worker(_parse_all, pipeline, items)
-        except BatcherClosed:
-            raise ApiError(503, "the server is shutting down; retry on another instance") from None
-        check_generation(items, [r for r, _ in parsed], settings, batched)
-        answers = await asyncio.gather(*(batcher.submit(r, cost) for r, cost in parsed),
-                                       return_exceptions=True)
-        for (prefix, _), answer in zip(items, answers):
-            if isinstance(answer, InputError):
-                raise _input_error(answer, prefix)
-            if isinstance(answer, BatcherClosed):
-                raise ApiError(503, "the server is shutting down; retry on another instance")
-            if isinstance(answer, BaseException):
-                log.error("%s failed on an item", path, exc_info=answer)
-                raise ApiError(500, "internal error while running the model on this request; "
-                                    "the server log has the details")
+        answers, _ = await answer_items(pipeline, batcher, items, settings, batched, route=path)
         return JSONResponse({"outputs": answers} if batched else answers[0])
 
     example = pipeline.describe().get("example", {})
     item_schema = {"type": "object", "example": example}
+    shapes = [item_schema, {
+        "type": "object", "required": ["inputs"],
+        "properties": {"inputs": {"type": "array", "items": item_schema, "minItems": 1,
+                                  "maxItems": settings.max_batch_items}}}]
+    description = ("One item, or {\"inputs\": [items]} (at most "
+                   f"{settings.max_batch_items}) answered by {{\"outputs\": [results]}}.")
+    if openai is not None:
+        shapes.append({"type": "object", "required": ["input"], "properties": {
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+                "type": "string"}}]},
+            "model": {"type": "string"}, "encoding_format": {"enum": ["float", "base64"]},
+            "dimensions": {"type": "integer"}, "normalize": {"type": "boolean"},
+            "truncate": {"type": "boolean"}}})
+        description += (" Or OpenAI's {\"input\": text or [texts], ...} answered by "
+                        "{\"object\": \"list\", \"data\": [...], \"usage\": ...}.")
     app.add_api_route(
         path, predict, methods=["POST"], dependencies=protect, summary=f"{pipeline.task}",
-        description="One item, or {\"inputs\": [items]} (at most "
-                    f"{settings.max_batch_items}) answered by {{\"outputs\": [results]}}.",
+        description=description,
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"oneOf": [item_schema, {
-                "type": "object", "required": ["inputs"],
-                "properties": {"inputs": {"type": "array", "items": item_schema, "minItems": 1,
-                                          "maxItems": settings.max_batch_items}}}]},
-            "example": example}}}},
+            "schema": {"oneOf": shapes}, "example": example}}}},
         responses={code: {"description": what} for code, what in (
             (400, "malformed JSON"), (401, "API key missing or wrong"),
             (408, "request sent too slowly"),

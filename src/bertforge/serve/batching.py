@@ -14,8 +14,12 @@ Guarantees the server relies on:
   request whose cost alone exceeds the budget runs in a batch of its own; it is never refused.
 * One batch at a time, in arrival order, on one thread: the model is never called concurrently,
   and :meth:`DynamicBatcher.in_worker` runs other pipeline work (parsing) on that same thread.
+  With ``concurrency=N`` (N model replicas behind ``run``, :mod:`bertforge.serve.replicas`) up
+  to N batches run at once, each formed only when one of them has finished, and parsing gets a
+  thread of its own (the replicas hold the models; the pipeline here only parses).
 * Failure isolation: when a batch raises, each of its requests is retried alone, so only the
-  request that fails by itself gets the exception; the worker keeps serving.
+  request that fails by itself gets the exception; the worker keeps serving. A batch whose
+  runner was lost (:class:`BatchLost`: its replica process died) fails as a whole, unretried.
 * Draining: :meth:`DynamicBatcher.close` refuses new requests and returns once every queued and
   running request has its answer (graceful shutdown answers what it already accepted).
 
@@ -34,6 +38,12 @@ from typing import Any, Callable, Sequence
 
 class BatcherClosed(RuntimeError):
     """The batcher is shutting down and accepts no new requests."""
+
+
+class BatchLost(RuntimeError):
+    """The runner of a batch was lost with it (a replica process died). Every request of the
+    batch fails with this error and none is retried alone: a request that crashes the process
+    running it would otherwise crash the remaining replicas one after another."""
 
 
 @dataclass(frozen=True)
@@ -60,16 +70,19 @@ class DynamicBatcher:
 
     ``run`` takes a list of requests and returns one result per request, in order (a pipeline's
     ``__call__``). ``on_batch`` (optional) receives a :class:`BatchStats` after every model call,
-    retries included. Create the batcher, ``await start()`` inside the event loop that will submit,
-    and ``await close()`` before the loop ends.
+    retries included. ``concurrency``: how many calls of ``run`` may overlap (``run`` must then be
+    thread-safe: a replica pool's). Create the batcher, ``await start()`` inside the event loop
+    that will submit, and ``await close()`` before the loop ends.
     """
 
     def __init__(self, run: Callable[[Sequence[Any]], list[Any]], *, max_batch_tokens: int,
                  max_batch_items: int, max_wait_ms: float,
-                 on_batch: Callable[[BatchStats], None] | None = None) -> None:
-        if max_batch_tokens < 1 or max_batch_items < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch_tokens and max_batch_items must be >= 1 and max_wait_ms "
-                             f">= 0 (got {max_batch_tokens}, {max_batch_items}, {max_wait_ms})")
+                 on_batch: Callable[[BatchStats], None] | None = None,
+                 concurrency: int = 1) -> None:
+        if max_batch_tokens < 1 or max_batch_items < 1 or max_wait_ms < 0 or concurrency < 1:
+            raise ValueError("max_batch_tokens, max_batch_items and concurrency must be >= 1 and "
+                             f"max_wait_ms >= 0 (got {max_batch_tokens}, {max_batch_items}, "
+                             f"{concurrency}, {max_wait_ms})")
         self.run = run
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_items = max_batch_items
@@ -79,8 +92,14 @@ class DynamicBatcher:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._closing = False
-        # One thread: the model is called from a single thread, one batch at a time.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertforge-batch")
+        self.concurrency = concurrency
+        # One thread per concurrent batch: with one, the model is called from a single thread.
+        self._executor = ThreadPoolExecutor(max_workers=concurrency,
+                                            thread_name_prefix="bertforge-batch")
+        # Parsing is serialized on one thread too: the model's own when there is one runner (a
+        # pipeline is not thread-safe), else a thread of its own so it never waits for a batch.
+        self._parser = self._executor if concurrency == 1 else ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="bertforge-parse")
 
     @property
     def queued(self) -> int:
@@ -108,7 +127,7 @@ class DynamicBatcher:
         overlap a batch being run."""
         if self._closing:
             raise BatcherClosed("the server is shutting down")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._parser, fn, *args)
 
     async def close(self) -> None:
         """Refuse new requests, answer every queued one, then stop the worker and its thread."""
@@ -118,12 +137,34 @@ class DynamicBatcher:
         if self._worker is not None:
             await self._worker
         self._executor.shutdown(wait=True)
+        self._parser.shutdown(wait=True)
 
     # ------------------------------------------------------------------ worker
 
     async def _work(self) -> None:
-        while batch := await self._next_batch():
-            await self._run_batch(batch)
+        if self.concurrency == 1:
+            while batch := await self._next_batch():
+                await self._run_batch(batch)
+            return
+        free = asyncio.Semaphore(self.concurrency)
+        running: set[asyncio.Task] = set()
+
+        def finished(task: asyncio.Task) -> None:
+            running.discard(task)
+            free.release()
+
+        while True:
+            # The next batch is formed only once a runner is free, so it takes in every request
+            # that arrived while all of them were busy.
+            await free.acquire()
+            batch = await self._next_batch()
+            if not batch:
+                break
+            task = asyncio.get_running_loop().create_task(self._run_batch(batch))
+            running.add(task)
+            task.add_done_callback(finished)
+        if running:
+            await asyncio.wait(running)
 
     def _fitting(self) -> tuple[int, bool]:
         """How many queued requests (from the oldest) form the next batch, and whether that batch
@@ -189,6 +230,10 @@ class DynamicBatcher:
     async def _run_batch(self, batch: list[_Pending]) -> None:
         try:
             results = await self._call(batch)
+        except BatchLost as exc:
+            for pending in batch:
+                _resolve(pending, exception=exc)
+            return
         except Exception as exc:
             if len(batch) == 1:
                 _resolve(batch[0], exception=exc)
@@ -219,4 +264,4 @@ def _resolve(pending: _Pending, *, result: Any = None, exception: Exception | No
         pending.future.set_result(result)
 
 
-__all__ = ["BatchStats", "BatcherClosed", "DynamicBatcher"]
+__all__ = ["BatchLost", "BatchStats", "BatcherClosed", "DynamicBatcher"]

@@ -10,7 +10,10 @@ process-global default, so several apps in one process (tests, a library user) n
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from bertforge.serve.batching import BatchStats
@@ -23,6 +26,37 @@ _BATCH_ITEM_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# The per-replica series: (field of a replica's row, metric name, kind, help).
+_REPLICA_SERIES = (
+    ("batches", "bertforge_replica_batches", "counter", "Batches a replica answered."),
+    ("items", "bertforge_replica_items", "counter",
+     "Request items in the batches a replica answered."),
+    ("busy_seconds", "bertforge_replica_busy_seconds", "counter",
+     ("Seconds a replica spent on batches, from sending one to receiving its answer "
+      "(busy_seconds / wall time = use).")),
+    ("errors", "bertforge_replica_errors", "counter",
+     "Batches a replica failed (an exception, or the replica died while running it)."),
+    ("up", "bertforge_replica_up", "gauge",
+     "1 while a replica's process is alive, 0 once it died (it is not used again)."),
+)
+
+
+class _ReplicaCollector:
+    """The per-replica series, read from the pool when scraped (the pool keeps the counts)."""
+
+    def __init__(self, snapshot: Callable[[], Sequence[Mapping[str, Any]]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        rows = self.snapshot()
+        for key, name, kind, text in _REPLICA_SERIES:
+            family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = family_type(name, text, labels=["replica", "device"])
+            for row in rows:
+                value = (row["state"] != "dead") if key == "up" else row[key]
+                family.add_metric([str(row["replica"]), row["device"]], float(value))
+            yield family
 
 
 class ServerMetrics:
@@ -64,6 +98,14 @@ class ServerMetrics:
         self.model_time.labels(task).observe(stats.run_seconds)
         for seconds in stats.queue_seconds:
             self.queue_time.labels(task).observe(seconds)
+
+    def add_replicas(self, snapshot: Callable[[], Sequence[Mapping[str, Any]]]) -> None:
+        """Expose per-replica series (``bertforge_replica_*``, labels ``replica`` and
+        ``device``) read from ``snapshot()``: one mapping per replica with ``replica``,
+        ``device``, ``state`` ("dead" once its process ended), ``batches``, ``items``,
+        ``busy_seconds`` and ``errors`` (:meth:`bertforge.serve.replicas.ReplicaPool.snapshot`).
+        """
+        self.registry.register(_ReplicaCollector(snapshot))
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         """Record one answered HTTP request."""

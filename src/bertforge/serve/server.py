@@ -5,7 +5,9 @@ The socket is bound here rather than by uvicorn so that a busy port is a one-lin
 SIGTERM (and Ctrl-C) start uvicorn's graceful shutdown: the listening socket closes, requests
 already received are answered, then the app's shutdown drains the batching queue; the command
 then returns 0. uvicorn re-raises the signal once it is done, and :func:`raise_on_stop` turns that
-into an exception we catch instead of a death by signal.
+into an exception we catch instead of a death by signal. With replicas
+(:mod:`bertforge.serve.replicas`) the replica processes are stopped last, once the queue is
+drained, whatever ends the server.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from bertforge.errors import ConfigError, UserError
 from bertforge.core.signals import Stopped, raise_on_stop
+from bertforge.serve.replicas import ReplicaSpec, load_pipelines, plan_replicas, start_replicas
 from bertforge.serve.settings import LIMIT_NAMES, ServeSettings
 
 API_KEY_ENV = "BERTFORGE_API_KEY"
@@ -55,23 +58,7 @@ def _log_config(level: str) -> dict:
     return config
 
 
-def _load(model_dir: Path, task: str | None, backend: str, device: str,
-          truncation: str | None, embeddings: bool):
-    """The task pipeline and, unless it already is one, a feature-extraction pipeline for
-    ``/v1/embeddings`` (``None`` when ``embeddings`` is false)."""
-    from bertforge.inference.pipelines import load_pipeline
-
-    options: dict = {"device": device, "truncation": truncation}
-    if backend != "torch":
-        from bertforge.export.runtime import OnnxModel
-
-        # The device picks onnxruntime's providers; the pipeline then reports (and feeds) the
-        # device the session really runs on, the CPU if onnxruntime dropped CUDA.
-        options["backend"] = OnnxModel(model_dir, quantized=backend == "onnx-int8", device=device)
-    pipeline = load_pipeline(model_dir, task, **options)
-    if not embeddings or pipeline.task == "feature-extraction" or backend != "torch":
-        return pipeline, None
-    return pipeline, load_pipeline(model_dir, "feature-extraction", **options)
+_load = load_pipelines  # the in-process loader (tests and tools know it by this name)
 
 
 def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "info", *,
@@ -94,7 +81,7 @@ def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "info", *
 def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8000,
           task: str | None = None, backend: str = "torch", api_key: str | None = None,
           truncation: str | None = None, device: str = "auto", embeddings: bool = True,
-          log_level: str = "info", **limits: Any) -> int:
+          log_level: str = "info", replicas: int | str | None = None, **limits: Any) -> int:
     """Serve the model in ``model_dir`` over HTTP until SIGTERM or Ctrl-C; returns the exit code.
 
     Options (CLI flag = the name with dashes):
@@ -119,7 +106,11 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
     * ``device`` (auto): ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``. With
       an ONNX backend it picks onnxruntime's execution provider: ``cuda`` needs the
       ``onnxruntime-gpu`` wheel (a one-line error otherwise), ``auto`` uses CUDA when both torch
-      and onnxruntime can; ``/health`` shows the device the session really runs on.
+      and onnxruntime can; ``/health`` shows the device the session really runs on. A comma
+      list (``cuda:0,cuda:1``) serves one replica per device.
+    * ``replicas`` (one per ``device`` listed, so 1): model copies in worker processes behind the
+      one port and queue (:func:`bertforge.serve.replicas.plan_replicas`): N, or ``auto`` (one
+      per visible GPU; 1 on a CPU). With 1 the model runs in this process, as without the option.
     * ``embeddings`` (true): also serve ``/v1/embeddings`` from the model's encoder (torch
       backend; loads the weights a second time, as a feature-extraction pipeline).
     * ``log_level`` (info): critical, error, warning, info or debug; internal errors are logged
@@ -141,16 +132,37 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
         raise TypeError(f"serve() got unknown settings {', '.join(unknown)}")
     settings = ServeSettings(**limits, api_key=api_key if api_key is not None
                              else os.environ.get(API_KEY_ENV) or None)
-    try:
-        import uvicorn
+    try:  # the serve extra, checked before any loading
+        import uvicorn  # noqa: F401
 
-        from bertforge.serve.app import EMBEDDINGS_PATH, create_app
+        import bertforge.serve.app  # noqa: F401
     except ImportError as exc:
         raise UserError(f"bertforge serve needs {exc.name}: pip install 'bertforge[serve]'"
                         ) from None
     model_dir = Path(model_dir)
+    devices = plan_replicas(replicas, device)
+    pool = None
     with raise_on_stop((signal.SIGTERM,)):
-        pipeline, extractor = _load(model_dir, task, backend, device, truncation, embeddings)
+        if devices is None:
+            pipeline, extractor = _load(model_dir, task, backend, device, truncation, embeddings)
+        else:
+            spec = ReplicaSpec(str(model_dir), task, backend, truncation, embeddings)
+            pool, pipeline, extractor = start_replicas(model_dir, spec, devices)
+    try:
+        return _run(model_dir, pipeline, extractor, settings, backend, embeddings, host, port,
+                    log_level, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _run(model_dir: Path, pipeline: Any, extractor: Any, settings: ServeSettings, backend: str,
+         embeddings: bool, host: str, port: int, log_level: str, pool: Any) -> int:
+    """Bind, build the app and serve it until stopped; the exit code."""
+    import uvicorn
+
+    from bertforge.serve.app import EMBEDDINGS_PATH, create_app
+
     unavailable = {}
     if embeddings and extractor is None and pipeline.task != "feature-extraction":
         unavailable[EMBEDDINGS_PATH] = (
@@ -158,12 +170,14 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
             "task's head only); serve the PyTorch model directory with --backend torch for "
             f"{EMBEDDINGS_PATH}")
     sock = _bind(host, port)
-    app = create_app(pipeline, settings, embeddings=extractor, unavailable=unavailable)
+    app = create_app(pipeline, settings, embeddings=extractor, unavailable=unavailable,
+                     replicas=pool)
     server = uvicorn.Server(uvicorn_config(app, settings, log_level))
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    copies = f", {pool.size} replicas on {','.join(pool.devices)}" if pool is not None else ""
     print(f"bertforge serve: listening on http://{shown}:{bound_port} ({pipeline.task}, "
-          f"{model_dir})", file=sys.stderr, flush=True)
+          f"{model_dir}{copies})", file=sys.stderr, flush=True)
     try:
         with raise_on_stop((signal.SIGTERM,)):
             server.run(sockets=[sock])

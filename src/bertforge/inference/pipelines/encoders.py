@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -15,14 +16,53 @@ from bertforge.inference.pipelines.base import (InputError, Pipeline, TextReques
                                                 _fields, _labels, _logits, _number, _softmax, _text)
 from bertforge.tokenization import BertTokenizer
 
+# --- per-item options --------------------------------------------------------------------------
+
+
+@contextmanager
+def _truncation_for(pipeline: Any, truncate: bool | None) -> Iterator[None]:
+    """``pipeline`` cutting long inputs (``truncate=True``) or refusing them (False) for the body
+    of the ``with``; None leaves its setting. Pipelines run on one thread (the server's worker),
+    so a request's own choice can be set around its parse and put back."""
+    if truncate is None or not hasattr(pipeline, "truncation"):
+        yield
+        return
+    saved = pipeline.truncation
+    pipeline.truncation = "truncate" if truncate else "error"
+    try:
+        yield
+    finally:
+        pipeline.truncation = saved
+
+
+def _flag(item: Mapping[str, Any], name: str) -> bool | None:
+    value = item.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise InputError(name, f"must be true or false, got {value!r}")
+    return value
+
+
+def encode_item(pipeline: Pipeline, text: str, pair: str | None,
+                truncate: bool | None) -> tuple[Any, bool]:
+    """``pipeline.encode_text`` under the item's own ``truncate`` (None: the pipeline's
+    truncation); an item over the length is an ``InputError`` that says how to ask for a cut."""
+    with _truncation_for(pipeline, truncate):
+        try:
+            return pipeline.encode_text(text, pair)
+        except InputError as exc:
+            raise InputError(exc.field, f'{exc.message} (in a request: "truncate": true)'
+                             ) from None
+
+
 # --- sequence classification ---------------------------------------------------------------------
 
 
 @dataclass
 class TextClassificationPipeline(Pipeline):
-    """Sequence (pair) classification with the label names of config.json, or regression."""
+    """Sequence (pair) classification with the label names of config.json, or regression. An
+    item may ask for its own ``truncate`` (cut to ``max_length`` instead of an error)."""
 
-    fields: ClassVar[tuple[str, ...]] = ("text", "text_pair")
+    fields: ClassVar[tuple[str, ...]] = ("text", "text_pair", "truncate")
     labels: LabelMap | None = field(init=False, default=None)  # None: regression (one output)
 
     def __post_init__(self) -> None:
@@ -32,9 +72,9 @@ class TextClassificationPipeline(Pipeline):
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
         item = _fields(item, self.fields)
         text, pair = _text(item, "text"), _text(item, "text_pair", required=False)
-        return TextRequest(text, *self.encode_text(text, pair))
+        return TextRequest(text, *encode_item(self, text, pair, _flag(item, "truncate")))
 
-    def __call__(self, requests: Sequence[TextRequest]) -> list[dict]:
+    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
             return []
         logits = _logits(self.forward(self.pad([r.window for r in requests])).logits)  # (B, L)
@@ -79,7 +119,7 @@ class TokenClassificationPipeline(Pipeline):
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
         return self.parse_text(item)
 
-    def __call__(self, requests: Sequence[TextRequest]) -> list[dict]:
+    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
             return []
         logits = _logits(self.forward(self.pad([r.window for r in requests])).logits)
@@ -144,7 +184,7 @@ class FillMaskPipeline(Pipeline):
                              f"in with {self.mask_token}")
         return TextRequest(text, window, truncated, top_k)
 
-    def __call__(self, requests: Sequence[TextRequest]) -> list[dict]:
+    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
             return []
         logits = self.forward(self.pad([r.window for r in requests])).logits  # (B, S, V)
@@ -188,23 +228,52 @@ class FillMaskPipeline(Pipeline):
 # --- feature extraction --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class EmbedRequest(TextRequest):
+    """A text to embed, with the item's own ``normalize`` (None: the pipeline's)."""
+
+    normalize: bool | None = None
+
+
 @dataclass
 class FeatureExtractionPipeline(Pipeline):
     """One vector per text from the encoder's last hidden states: their mean over the real
-    tokens (``pooling="mean"``, as sentence-transformers) or the first token's ([CLS]/<s>)."""
+    tokens (``pooling="mean"``, as sentence-transformers) or the first token's ([CLS]/<s>,
+    ``"cls"``).
 
+    ``pooling`` and ``normalize`` default to what the model directory was saved with for
+    sentence-transformers (``modules.json``, ``1_Pooling/config.json``, a Normalize module;
+    ``bertforge export sentence-transformers`` writes them), else mean pooling, unnormalized.
+    An item may ask for its own ``normalize`` and ``truncate`` (cut to ``max_length`` instead of
+    an error)."""
+
+    fields: ClassVar[tuple[str, ...]] = ("text", "normalize", "truncate")
     options: ClassVar[tuple[str, ...]] = ("pooling", "normalize")
-    pooling: str = "mean"
-    normalize: bool = False  # scale every vector to unit length (cosine similarity = dot)
+    pooling: str | None = None  # None: the directory's saved pooling, else "mean"
+    normalize: bool | None = None  # unit-length vectors (cosine similarity = dot); None: saved
 
     def __post_init__(self) -> None:
-        if self.pooling not in ("mean", "cls"):
-            raise ConfigError(f"pooling must be mean or cls, got {self.pooling!r}")
+        from bertforge.export.sentence_transformers import POOLINGS, read_pooling
 
-    def parse(self, item: Mapping[str, Any]) -> TextRequest:
-        return self.parse_text(item)
+        saved = read_pooling(self.model_dir)
+        where = ""
+        if self.pooling is None:
+            self.pooling = saved.pooling if saved is not None else "mean"
+            where = (f" (from {saved.source}; pass pooling=, or serve with --no-embeddings)"
+                     if saved is not None else "")
+        if self.normalize is None:
+            self.normalize = bool(saved is not None and saved.normalize)
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"pooling must be {' or '.join(POOLINGS)}, got {self.pooling!r}"
+                              f"{where}")
 
-    def __call__(self, requests: Sequence[TextRequest]) -> list[dict]:
+    def parse(self, item: Mapping[str, Any]) -> EmbedRequest:
+        item = _fields(item, self.fields)
+        text = _text(item, "text")
+        window, cut = encode_item(self, text, None, _flag(item, "truncate"))
+        return EmbedRequest(text, window, cut, normalize=_flag(item, "normalize"))
+
+    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
             return []
         inputs = self.pad([r.window for r in requests])
@@ -215,9 +284,12 @@ class FeatureExtractionPipeline(Pipeline):
             vectors = hidden[:, 0]
         else:
             mask = inputs["attention_mask"].cpu().numpy()[..., None].astype(np.float32)
-            vectors = (hidden * mask).sum(1) / mask.sum(1)  # (B, H)
-        if self.normalize:
-            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            vectors = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)  # (B, H)
+        # Each request's own normalize, else the pipeline's: (B,) bool.
+        wanted = np.array([self.normalize if getattr(r, "normalize", None) is None
+                           else r.normalize for r in requests])
+        norms = np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        vectors = np.where(wanted[:, None], vectors / norms, vectors)
         return [self.mark({"embedding": v.tolist(), "pooling": self.pooling}, r)
                 for v, r in zip(vectors, requests)]
 
@@ -232,5 +304,3 @@ class FeatureExtractionPipeline(Pipeline):
         vector = result["embedding"]
         shown = ", ".join(f"{x:.4f}" for x in vector[:6])
         return f"[{shown}, ...] ({len(vector)} dimensions, {result['pooling']} pooling)"
-
-

@@ -1,0 +1,194 @@
+"""Embedding models in the sentence-transformers layout: ``bertforge export sentence-transformers``.
+
+sentence-transformers loads a directory as a chain of modules listed in ``modules.json``; for a
+BERT text embedder that is the transformer (config.json, model.safetensors and the tokenizer at
+the directory's root, with ``sentence_bert_config.json`` saying its max_seq_length), a pooling
+module (``1_Pooling/config.json``: mean over the real tokens, or the first token's vector) and,
+when vectors are scaled to unit length, a normalize module (``2_Normalize``). So
+``SentenceTransformer(DIR)`` gives the vectors bertforge's feature-extraction pipeline and
+``/v1/embeddings`` give for the same text.
+
+Both directions live here: :func:`read_pooling` tells the feature-extraction pipeline which
+pooling and normalization a directory was saved with (its defaults), and
+:func:`write_sentence_transformers_files` / :func:`export_sentence_transformers` write them.
+The files use the keys every sentence-transformers release reads (``pooling_mode_mean_tokens``
+and the other booleans, ``word_embedding_dimension``); newer releases convert them on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bertforge.core.io import fsync_dir, output_lock, temp_name, write_json_atomic
+from bertforge.errors import ConfigError
+
+POOLINGS = ("mean", "cls")
+"""The pooling modes bertforge computes and writes (sentence-transformers has more; a directory
+saved with another is read, and the feature-extraction pipeline refuses it)."""
+MODULES_FILE = "modules.json"
+POOLING_DIR = "1_Pooling"
+NORMALIZE_DIR = "2_Normalize"
+_TYPES = {"transformer": "sentence_transformers.models.Transformer",
+          "pooling": "sentence_transformers.models.Pooling",
+          "normalize": "sentence_transformers.models.Normalize"}
+# sentence-transformers' boolean pooling keys (every release reads them) -> our mode names.
+_LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                "pooling_mode_max_tokens": "max",
+                "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                "pooling_mode_weightedmean_tokens": "weightedmean",
+                "pooling_mode_lasttoken": "lasttoken"}
+
+
+@dataclass(frozen=True)
+class SavedPooling:
+    """What a sentence-transformers directory says about its vectors."""
+
+    pooling: str      # "mean", "cls", or a mode bertforge does not compute ("max", ...)
+    normalize: bool   # modules.json lists a Normalize module
+    source: str       # the pooling config file, for messages
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} cannot be read as JSON ({exc}); write it again with "
+                          "`bertforge export sentence-transformers`") from None
+
+
+def _pooling_mode(config: Any, path: Path) -> str:
+    """The pooling mode of a ``1_Pooling/config.json``, from the new ``pooling_mode`` key or
+    the booleans; several modes (concatenated vectors) are joined with "+"."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    mode = config.get("pooling_mode")
+    modes = [mode] if isinstance(mode, str) else list(mode) if isinstance(mode, list) else [
+        name for key, name in _LEGACY_KEYS.items() if config.get(key) is True]
+    return "+".join(map(str, modes)) or "mean"  # none set: sentence-transformers' default
+
+
+def read_pooling(directory: str | os.PathLike[str]) -> SavedPooling | None:
+    """The pooling and normalization saved with a sentence-transformers model directory, or
+    None when it has no ``modules.json`` (or lists no pooling module)."""
+    directory = Path(directory)
+    modules_path = directory / MODULES_FILE
+    if not modules_path.is_file():
+        return None
+    modules = _read_json(modules_path)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ConfigError(f"{modules_path} must be a JSON list of module objects")
+    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
+    if "Pooling" not in kinds:
+        return None
+    pooling_path = directory / str(kinds["Pooling"].get("path", POOLING_DIR)) / "config.json"
+    if not pooling_path.is_file():
+        raise ConfigError(f"{modules_path} lists a pooling module but {pooling_path} is "
+                          "missing; export the model again")
+    mode = _pooling_mode(_read_json(pooling_path), pooling_path)
+    return SavedPooling(pooling=mode, normalize="Normalize" in kinds, source=str(pooling_path))
+
+
+def write_sentence_transformers_files(directory: str | os.PathLike[str], *, pooling: str,
+                                      normalize: bool, dimensions: int,
+                                      max_seq_length: int) -> list[str]:
+    """Add the sentence-transformers files to a model directory that already holds the
+    transformer (config.json, weights, tokenizer): ``modules.json``,
+    ``sentence_bert_config.json``, ``1_Pooling/config.json`` and, with ``normalize``,
+    ``2_Normalize/``. Returns the paths written, relative to ``directory``."""
+    if pooling not in POOLINGS:
+        raise ConfigError(f"--pooling must be one of {', '.join(POOLINGS)} (got {pooling!r})")
+    directory = Path(directory)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": _TYPES["transformer"]},
+               {"idx": 1, "name": "1", "path": POOLING_DIR, "type": _TYPES["pooling"]}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR,
+                        "type": _TYPES["normalize"]})
+        (directory / NORMALIZE_DIR).mkdir(exist_ok=True)
+    pooling_config = {"word_embedding_dimension": dimensions,
+                      **{key: name == pooling for key, name in _LEGACY_KEYS.items()},
+                      "include_prompt": True}
+    (directory / POOLING_DIR).mkdir(exist_ok=True)
+    files = {MODULES_FILE: modules,
+             "sentence_bert_config.json": {"max_seq_length": max_seq_length,
+                                           "do_lower_case": False},
+             f"{POOLING_DIR}/config.json": pooling_config}
+    for name, payload in files.items():
+        write_json_atomic(directory / name, payload, sort_keys=False)
+    return [*files, *([f"{NORMALIZE_DIR}/"] if normalize else [])]
+
+
+def export_sentence_transformers(model_dir: str | os.PathLike[str],
+                                 output_dir: str | os.PathLike[str], *,
+                                 pooling: str | None = None,
+                                 normalize: bool | None = None) -> list[str]:
+    """Write the encoder of a BERT model directory (any head: the head is left out) to a new
+    ``output_dir`` that ``sentence_transformers.SentenceTransformer(output_dir)`` loads as it
+    is. ``pooling`` (mean or cls) and ``normalize`` default to what ``model_dir`` was saved
+    with (its own sentence-transformers files), else mean and no normalization.
+
+    The output is built under a hidden name and renamed when complete, so a failed export
+    leaves nothing; an existing non-empty ``output_dir`` is refused. Returns the files written.
+    """
+    from bertforge.models.loading import model_directory
+
+    source_dir = model_directory(model_dir)
+    saved = read_pooling(source_dir)
+    pooling = pooling or (saved.pooling if saved else "mean")
+    normalize = normalize if normalize is not None else bool(saved and saved.normalize)
+    if pooling not in POOLINGS:
+        raise ConfigError(f"--pooling must be one of {', '.join(POOLINGS)} (got {pooling!r})")
+    output = Path(output_dir)
+    with output_lock(output, "--output", "bertforge export sentence-transformers", beside=True):
+        if output.exists() and (not output.is_dir() or any(output.iterdir())):
+            raise ConfigError(f"--output {output} already exists and is not empty; choose a new "
+                              "directory or remove it")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        work = temp_name(output)
+        work.mkdir()
+        try:
+            written = _write_encoder(source_dir, work, pooling, normalize)
+            os.replace(work, output)
+            fsync_dir(output.parent)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    return written
+
+
+def _write_encoder(model_dir: Path, work: Path, pooling: str, normalize: bool) -> list[str]:
+    """The encoder of ``model_dir`` as a bare ``BertModel`` in ``work`` plus the
+    sentence-transformers files; ``ConfigError`` for what transformers cannot run as BERT."""
+    from bertforge.models.loading import load_model, open_model
+    from bertforge.tokenization import BertTokenizer, load_tokenizer
+
+    source = open_model(model_dir, "--model")
+    config = source.config
+    if source.family.seq2seq:
+        raise ConfigError(f"--model {model_dir} is a {config.model_type} encoder-decoder; "
+                          "sentence-transformers would run its decoder: export BERT models")
+    if getattr(config, "pre_layernorm", False):
+        raise ConfigError(f"--model {model_dir} is a pre-LayerNorm BERT, which transformers "
+                          "cannot load: export post-LN BERT models")
+    tokenizer = load_tokenizer(model_dir)
+    if not isinstance(tokenizer, BertTokenizer):
+        raise ConfigError(f"--model {model_dir} has no WordPiece tokenizer")
+    # A bare encoder: no head weights for sentence-transformers to report as unexpected, and no
+    # fine-tuning task left in config.json (bertforge then reads it as a feature extractor).
+    bare = source.replace(finetuning_task=None)
+    encoder = load_model(bare, "base")
+    encoder.save_pretrained(work, tokenizer=tokenizer)
+    length = min(tokenizer.model_max_length, config.max_position_embeddings)
+    extra = write_sentence_transformers_files(work, pooling=pooling, normalize=normalize,
+                                              dimensions=config.hidden_size,
+                                              max_seq_length=length)
+    return sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()) + [
+        e for e in extra if e.endswith("/")]
+
+
+__all__ = ["POOLINGS", "SavedPooling", "export_sentence_transformers", "read_pooling",
+           "write_sentence_transformers_files"]

@@ -1,0 +1,163 @@
+"""Embeddings in the shapes clients already speak: OpenAI's ``POST /v1/embeddings`` and
+text-embeddings-inference's (TEI) ``POST /embed``, ``/rerank``, ``/tokenize`` and ``GET /info``.
+
+Every text is one item of the feature-extraction pipeline (or, for a cross-encoder's rerank, of
+the text-classification pipeline) submitted to that pipeline's dynamic batcher, exactly as the
+``/v1/<task>`` routes do; only the request and response shapes differ. Errors use the server's
+one schema with the field named as the client wrote it (``input[2]``, ``texts[0]``).
+
+OpenAI: ``{"input": "text" | ["a", "b"], "model"?, "encoding_format"?: "float" | "base64",
+"dimensions"?, "user"?, "normalize"?, "truncate"?}`` -> ``{"object": "list", "data":
+[{"object": "embedding", "index": i, "embedding": [...] | base64}], "model", "usage":
+{"prompt_tokens", "total_tokens"}}``. ``model`` is accepted and not checked (clients send their
+own default names); base64 is the little-endian float32 bytes, as OpenAI sends them;
+``dimensions`` must equal the model's hidden size. ``normalize`` defaults to the pipeline's
+(the model's saved sentence-transformers setting, else off) and ``truncate`` to the server's
+``--truncation``.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Mapping
+
+import numpy as np
+
+from bertforge.inference.pipelines import Pipeline
+from bertforge.serve.answering import answer_items
+from bertforge.serve.batching import DynamicBatcher
+from bertforge.serve.limits import ApiError
+from bertforge.serve.settings import ServeSettings
+
+OPENAI_FIELDS = ("input", "model", "encoding_format", "dimensions", "user", "normalize",
+                 "truncate")
+EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction")
+ENCODINGS = ("float", "base64")
+
+
+# --- request fields ------------------------------------------------------------------------------
+
+
+def check_fields(body: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+    """``body`` as an object whose keys are all in ``allowed`` (422 naming the first other)."""
+    if not isinstance(body, dict):
+        raise ApiError(422, f"the body must be a JSON object with {', '.join(allowed)}", "body")
+    for key in body:
+        if key not in allowed:
+            raise ApiError(422, f"{key} is not a field of this request; fields: "
+                                f"{', '.join(allowed)}", key)
+    return body
+
+
+def texts_field(body: Mapping[str, Any], key: str, settings: ServeSettings, *,
+                required: bool = True) -> tuple[list[tuple[str, str]], bool]:
+    """The strings of ``body[key]`` (one string, or a list of them) as ``[(field name,
+    text)]`` (``key`` for a lone string, ``key[i]`` in a list) and whether it was a list.
+    422 for a wrong type or an empty list, 413 over ``--max-batch-items`` or
+    ``--max-text-chars``."""
+    value = body.get(key)
+    if value is None:
+        raise ApiError(422, f"{key} is required: a string or a list of strings", key)
+    batched = isinstance(value, list)
+    named = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if batched else [(key, value)]
+    if batched and not value:
+        raise ApiError(422, f"{key} must not be an empty list", key)
+    if len(named) > settings.max_batch_items:
+        raise ApiError(413, f"{key} holds {len(named)} texts; the limit is "
+                            f"{settings.max_batch_items} per request (--max-batch-items)", key)
+    for name, text in named:
+        if isinstance(text, (int, list)) and not isinstance(text, bool):
+            raise ApiError(422, f"{name} holds token ids; this server takes text only: send "
+                                "strings", name)
+        if not isinstance(text, str):
+            raise ApiError(422, f"{name} must be a string", name)
+        if len(text) > settings.max_text_chars:
+            raise ApiError(413, f"{name} is {len(text)} characters; the limit is "
+                                f"{settings.max_text_chars} (--max-text-chars)", name)
+    return named, batched
+
+
+def flag(body: Mapping[str, Any], name: str, default: bool | None) -> bool | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(422, f"{name} must be true or false", name)
+    return value
+
+
+def check_direction(body: Mapping[str, Any]) -> None:
+    """TEI's ``truncation_direction``: only "right" (the end of a long text is cut)."""
+    value = body.get("truncation_direction")
+    if value is not None and (not isinstance(value, str) or value.lower() != "right"):
+        raise ApiError(422, "truncation_direction must be \"right\": this server cuts the end "
+                            "of a long text", "truncation_direction")
+
+
+def item_options(body: Mapping[str, Any], normalize: bool | None) -> dict[str, Any]:
+    """The feature-extraction item fields a request sets (absent: the pipeline's defaults)."""
+    options = {"normalize": normalize, "truncate": flag(body, "truncate", None)}
+    return {k: v for k, v in options.items() if v is not None}
+
+
+# --- the routes' work ----------------------------------------------------------------------------
+
+
+class EmbeddingApi:
+    """The OpenAI and TEI embedding answers of one served feature-extraction pipeline."""
+
+    def __init__(self, extractor: Pipeline, batcher: DynamicBatcher,
+                 settings: ServeSettings) -> None:
+        self.extractor, self.batcher, self.settings = extractor, batcher, settings
+        described = extractor.describe()
+        self.dimensions = described.get("dimensions")
+        self.model_name = str(described.get("model", "model")).rstrip("/").rsplit("/", 1)[-1]
+
+    async def vectors(self, texts: list[tuple[str, str]], options: Mapping[str, Any],
+                      route: str) -> tuple[list[list[float]], int]:
+        """The embedding of every ``(field name, text)`` and the tokens they took."""
+        items = [(name, {"text": text, **options}) for name, text in texts]
+        results, costs = await answer_items(self.extractor, self.batcher, items, self.settings,
+                                            True, route=route, whole=("text",))
+        return [r["embedding"] for r in results], sum(costs)
+
+    async def openai(self, body: Any) -> dict:
+        """``POST /v1/embeddings`` in OpenAI's request and response shape."""
+        body = check_fields(body, OPENAI_FIELDS)
+        texts, _ = texts_field(body, "input", self.settings)
+        for name in ("model", "user"):
+            if body.get(name) is not None and not isinstance(body[name], str):
+                raise ApiError(422, f"{name} must be a string", name)
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ENCODINGS:
+            raise ApiError(422, f"encoding_format must be float or base64, got {encoding!r}",
+                           "encoding_format")
+        dimensions = body.get("dimensions")
+        if dimensions is not None and (dimensions != self.dimensions or
+                                       isinstance(dimensions, bool)):
+            raise ApiError(422, f"dimensions must be this model's {self.dimensions} (its "
+                                "vectors are not shortened); leave it out", "dimensions")
+        options = item_options(body, flag(body, "normalize", None))
+        vectors, tokens = await self.vectors(texts, options, "/v1/embeddings")
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _base64(v) if encoding == "base64" else v}
+                for i, v in enumerate(vectors)]
+        return {"object": "list", "data": data, "model": self.model_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def embed(self, body: Any) -> list[list[float]]:
+        """TEI's ``POST /embed``: one vector per input, normalized unless told otherwise."""
+        body = check_fields(body, EMBED_FIELDS)
+        check_direction(body)
+        texts, _ = texts_field(body, "inputs", self.settings)
+        options = item_options(body, flag(body, "normalize", True))
+        vectors, _ = await self.vectors(texts, options, "/embed")
+        return vectors
+
+
+def _base64(vector: list[float]) -> str:
+    """OpenAI's base64 encoding: the vector's little-endian float32 bytes."""
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+__all__ = ["EmbeddingApi", "check_fields", "texts_field"]

@@ -1,0 +1,141 @@
+"""The replica process of a replicated server (:mod:`bertforge.serve.replicas` starts and
+drives it): load the pipelines, say ready, then run each batch received and send back its results
+or its error, until told to stop or until the server process is gone.
+
+Kept apart from the pool so that a spawned replica imports little before it loads the model.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from bertforge.core.signals import STOP_SIGNALS
+from bertforge.errors import UserError
+
+PARENT_POLL_S = 0.5  # how often a replica checks that the server process is still there
+
+
+def load_pipelines(model_dir: Path, task: str | None, backend: str, device: str,
+                   truncation: str | None, embeddings: bool) -> tuple[Any, Any]:
+    """The task pipeline and, unless it already is one, a feature-extraction pipeline for
+    ``/v1/embeddings`` (``None`` when ``embeddings`` is false or the backend is ONNX)."""
+    from bertforge.inference.pipelines import load_pipeline
+
+    options: dict = {"device": device, "truncation": truncation}
+    if backend != "torch":
+        from bertforge.export.runtime import OnnxModel
+
+        # The device picks onnxruntime's providers; the pipeline then reports (and feeds) the
+        # device the session really runs on, the CPU if onnxruntime dropped CUDA.
+        options["backend"] = OnnxModel(model_dir, quantized=backend == "onnx-int8", device=device)
+    pipeline = load_pipeline(model_dir, task, **options)
+    if not embeddings or pipeline.task == "feature-extraction" or backend != "torch":
+        return pipeline, None
+    return pipeline, load_pipeline(model_dir, "feature-extraction", **options)
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What every replica loads: the ``serve`` options that shape its pipelines."""
+
+    model_dir: str
+    task: str | None
+    backend: str
+    truncation: str | None
+    embeddings: bool
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """End this process soon after the server process is gone (even by SIGKILL): an orphan is
+    adopted by another process, so ``getppid()`` changes."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _error_reply(exc: Exception) -> tuple:
+    """The reply for a batch that raised ``exc`` (in the ``except`` block): an ``InputError``
+    by its field and message (it does not survive pickling as is), another exception as itself
+    when it survives pickling, else as a RuntimeError naming its type; with its traceback."""
+    from bertforge.inference.pipelines import InputError
+
+    text = traceback.format_exc()
+    if isinstance(exc, InputError):
+        return ("input", (exc.field, exc.message), text)
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+    return ("error", exc, text)
+
+
+def _send(conn: Connection, reply: tuple) -> None:
+    """Send a reply; results that cannot be pickled become an error reply."""
+    try:
+        conn.send(reply)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        conn.send(("error", RuntimeError(f"the replica could not send its answer: {exc}"),
+                   traceback.format_exc()))
+
+
+def _answer(conn: Connection, pipelines: dict[str, Any]) -> None:
+    """Run each batch received until told to stop (None) or the server is gone."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        kind, requests = message
+        try:
+            reply: tuple = ("ok", pipelines[kind](requests))
+        except Exception as exc:
+            reply = _error_reply(exc)
+        try:
+            _send(conn, reply)
+        except OSError:
+            return
+
+
+def replica_main(spec: ReplicaSpec, device: str, threads: int | None, conn: Connection,
+                 parent_pid: int) -> None:
+    """A replica process: load the pipelines, say ready (with their descriptions), answer."""
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(sig, signal.SIG_IGN)
+    _exit_with_parent(parent_pid)
+    if threads is not None:  # CPU replicas share the cores instead of each taking all of them
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import torch
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if device.startswith("cuda:"):  # no stray context (and memory) on GPU 0 from any replica
+            torch.cuda.set_device(torch.device(device))
+        pipeline, extractor = load_pipelines(Path(spec.model_dir), spec.task, spec.backend,
+                                             device, spec.truncation, spec.embeddings)
+    except Exception as exc:
+        first = (str(exc).splitlines() or [""])[0]
+        conn.send(("failed", first if isinstance(exc, UserError) else
+                   f"{type(exc).__name__}: {first}"))
+        return
+    pipelines = {"task": pipeline, "embeddings": extractor}
+    conn.send(("ready", {kind: p.describe() for kind, p in pipelines.items() if p is not None}))
+    _answer(conn, pipelines)
+
+
+__all__ = ["ReplicaSpec", "load_pipelines", "replica_main"]
