@@ -147,12 +147,20 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = opt("lamb", "Optimizer: lamb (NVIDIA's recipe) or adamw.")
+    name: str = opt("lamb", "Optimizer: lamb (NVIDIA's recipe), adamw, decoupled_adamw (weight "
+                    "decay scaled by lr / peak lr, composer's), stableadamw (AdamW with per-tensor "
+                    "update clipping) or decoupled_stableadamw (ModernBERT's); see docs/optim.md.")
     lr: float = opt(6e-3, "Peak learning rate.")
     warmup: float = opt(0.2843, "Warm-up length as a fraction of train.max_steps.")
-    schedule: str = opt("poly", "LR schedule after warm-up: poly (NVIDIA, power 0.5), linear, constant.")
+    schedule: str = opt("poly", "LR schedule after warm-up: poly (NVIDIA, power 0.5), linear, "
+                        "constant, or wsd (warm-up, stable, decay over the last optim.decay).")
     power: float = opt(0.5, "Exponent of the poly schedule.")
-    weight_decay: float = opt(0.01, "Decoupled weight decay (not applied to biases and LayerNorm).")
+    decay: float = opt(0.1, "wsd: fraction of train.max_steps spent decaying, at the end "
+                       "(warmup + decay <= 1).")
+    decay_shape: str = opt("1-sqrt", "wsd: shape of the decay, 1-sqrt (ModernBERT's) or linear.")
+    min_lr_ratio: float = opt(0.0, "wsd: the last step's lr as a fraction of optim.lr.")
+    weight_decay: float = opt(0.01, "Decoupled weight decay (not applied to biases and LayerNorm); "
+                              "with decoupled_* optimizers not multiplied by the lr (use ~1e-5).")
     betas: List[float] = opt(help="Adam moment coefficients.", factory=lambda: [0.9, 0.999])
     eps: float = opt(1e-6, "Adam epsilon.")
     max_grad_norm: float = opt(1.0, "Global gradient-norm clip (0 = off).")
@@ -166,8 +174,13 @@ class OptimConfig:
             limits.BETA.check(beta, f"optim.betas[{i}]", ConfigError)
         for name, allowed in (("lr", limits.LEARNING_RATE), ("warmup", limits.WARMUP),
                               ("power", limits.POWER), ("weight_decay", limits.WEIGHT_DECAY),
-                              ("eps", limits.EPS), ("max_grad_norm", limits.MAX_GRAD_NORM)):
+                              ("eps", limits.EPS), ("max_grad_norm", limits.MAX_GRAD_NORM),
+                              ("decay", limits.DECAY), ("min_lr_ratio", limits.MIN_LR_RATIO)):
             allowed.check(getattr(self, name), f"optim.{name}", ConfigError)
+        check_choice(self.decay_shape, "optim.decay_shape", limits.DECAY_SHAPES, ConfigError)
+        if self.schedule == "wsd":
+            limits.check_phases(self.warmup, self.decay, ("optim.warmup", "optim.decay"),
+                                ConfigError)
 
 
 @dataclass

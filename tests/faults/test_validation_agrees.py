@@ -17,16 +17,16 @@ from bertforge.config import PretrainConfig, load_config
 from bertforge.data.collate.mlm import masking_spec
 from bertforge.data.prepare_config import PrepareConfig
 from bertforge.errors import ConfigError
-from bertforge.optim import Lamb, build_optimizer, build_scheduler
+from bertforge.optim import DecoupledAdamW, Lamb, StableAdamW, build_optimizer, build_scheduler
 
 NUMBERS = [-1.0, 0.0, 1e-12, 0.15, 0.5, 0.999, 1.0, 1.5, 10.0, 10.5, 1e30, 1e39,
            math.inf, -math.inf, math.nan]
 
 
-def config_accepts(key: str, value: Any) -> bool:
+def config_accepts(key: str, value: Any, *others: str) -> bool:
     text = value if isinstance(value, str) else repr(value)
     try:
-        load_config(PretrainConfig, None, [f"--{key}={text}"])
+        load_config(PretrainConfig, None, [*others, f"--{key}={text}"])
     except ConfigError:
         return False
     return True
@@ -66,6 +66,8 @@ LIBRARY = {
     "optim.max_grad_norm": ("max_grad_norm", lambda v: Lamb(params(), max_grad_norm=v)),
     "optim.warmup": ("warmup", lambda v: scheduler(warmup=v)),
     "optim.power": ("power", lambda v: scheduler(power=v)),
+    "optim.decay": ("decay", lambda v: scheduler(name="wsd", warmup=0.0, decay=v)),
+    "optim.min_lr_ratio": ("min_lr_ratio", lambda v: scheduler(name="wsd", min_lr_ratio=v)),
     "data.masked_lm_prob": ("masked_lm_prob", masking),
 }
 
@@ -87,10 +89,36 @@ def test_betas_agree() -> None:
     ("optim.name", "name", lambda v: build_optimizer(nn.Linear(2, 2), v, lr=0.1,
                                                      weight_decay=0.0)),
     ("optim.schedule", "schedule", lambda v: scheduler(name=v)),
+    ("optim.decay_shape", "decay_shape", lambda v: scheduler(name="wsd", decay_shape=v)),
 ])
 def test_config_and_library_accept_the_same_names(key: str, name: str, call) -> None:
-    for value in ("lamb", "adamw", "poly", "linear", "constant", "sgd", "cosine", "LAMB"):
+    for value in ("lamb", "adamw", "poly", "linear", "constant", "sgd", "cosine", "LAMB",
+                  "decoupled_adamw", "stableadamw", "decoupled_stableadamw", "stable_adamw",
+                  "wsd", "WSD", "1-sqrt", "sqrt"):
         assert config_accepts(key, value) == library_accepts(lambda: call(value), name), value
+
+
+def test_wsd_phases_agree() -> None:
+    """warmup + decay <= 1 for "wsd", in the config (both keys named) and in the scheduler."""
+    for warmup in (0.0, 0.1, 0.5, 0.7, 0.9, 0.999):
+        for decay in (0.0, 0.1, 0.3, 0.5, 0.9, 1.0):
+            config_ok = config_accepts("optim.decay", decay, "--optim.schedule=wsd",
+                                       f"--optim.warmup={warmup!r}")
+            library_ok = library_accepts(
+                lambda: scheduler(name="wsd", warmup=warmup, decay=decay), "warmup + decay")
+            assert config_ok == library_ok == (warmup + decay <= 1 + 1e-12), (warmup, decay)
+
+
+@pytest.mark.parametrize("cls", [StableAdamW, DecoupledAdamW])
+def test_adamw_variants_accept_what_the_config_accepts(cls) -> None:
+    for key, name in (("optim.lr", "lr"), ("optim.eps", "eps"),
+                      ("optim.weight_decay", "weight_decay")):
+        for value in NUMBERS:
+            assert config_accepts(key, value) == library_accepts(
+                lambda: cls(params(), **{name: value}), name), (key, value)
+    for beta in NUMBERS:
+        assert (config_accepts("optim.betas", f"[{beta!r},0.98]")
+                == library_accepts(lambda: cls(params(), betas=(beta, 0.98)), "betas[0]")), beta
 
 
 def test_prepare_flags_agree_with_the_config_and_the_loader() -> None:

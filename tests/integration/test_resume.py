@@ -210,3 +210,18 @@ def test_sigterm_checkpoints_exits_zero_and_resumes_bitwise(tmp_path: Path, tiny
     assert resumed.step == straight.step == steps
     assert weights_bytes(resumed.final_checkpoint) == weights_bytes(straight.final_checkpoint)
     assert run_metrics(out) == run_metrics(tmp_path / "straight")
+
+
+def test_a_checkpoint_without_a_newer_key_resumes_as_its_default(tiny_config, tmp_path) -> None:
+    """A key added to the config after a checkpoint was written (optim.decay, ...) meant its
+    default then; only a value set otherwise now is a change."""
+    from bertforge.core.schema import to_dict
+    from bertforge.train.run import check_resume_compatible
+
+    cfg = tiny_config(tmp_path)
+    saved = to_dict(cfg)
+    del saved["optim"]["decay"], saved["optim"]["min_lr_ratio"]  # an older bertforge's config
+    check_resume_compatible(saved, cfg, tmp_path, "init_from")
+    with pytest.raises(ConfigError, match=r"optim.min_lr_ratio: 0.0 in the checkpoint, 0.1 now"):
+        check_resume_compatible(saved, tiny_config(tmp_path, "--optim.min_lr_ratio=0.1"),
+                                tmp_path, "init_from")

@@ -12,9 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-OPTIMIZERS = ("lamb", "adamw")
+# bertforge.optim.build_optimizer; the last three are composer's / ModernBERT's names.
+OPTIMIZERS = ("lamb", "adamw", "decoupled_adamw", "stableadamw", "decoupled_stableadamw")
 ATTENTION_BACKENDS = ("auto", "flash", "nested", "padded")  # bertforge.ops.attention.BACKENDS
-SCHEDULES = ("poly", "linear", "constant")
+SCHEDULES = ("poly", "linear", "constant", "wsd")  # bertforge.optim.schedules
+DECAY_SHAPES = ("linear", "1-sqrt")  # the decay phase of "wsd"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 INPUT_FORMATS = ("auto", "sentences", "paragraphs", "jsonl", "wiki")  # bertforge.data.corpus
 OBJECTIVES = ("nsp", "sop", "none", "denoise")  # bertforge.data.instances
@@ -66,6 +68,8 @@ WEIGHT_DECAY = Range(0.0, 1.0)
 MAX_GRAD_NORM = Range(0.0)  # 0 turns clipping off
 WARMUP = Range(0.0, 1.0, high_open=True)  # a fraction of the steps
 POWER = Range(0.0, 100.0, low_open=True)
+DECAY = Range(0.0, 1.0)  # wsd: fraction of the steps spent decaying (warmup + decay <= 1)
+MIN_LR_RATIO = Range(0.0, 1.0)  # wsd: the last step's lr as a fraction of the peak
 
 # Data.
 MASKED_LM_PROB = Range(0.0, 1.0, low_open=True, high_open=True)
@@ -82,6 +86,16 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...],
         raise error(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
+def check_phases(warmup: float, decay: float, names: tuple[str, str],
+                 error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` naming both settings unless the warm-up and decay fractions of a
+    warm-up-stable-decay schedule fit in the run together (a rounding's worth of slack, so
+    0.7 + 0.3 is not refused for its last bit)."""
+    if warmup + decay > 1.0 + 1e-12:
+        raise error(f"{names[0]} + {names[1]} must be at most 1 (warm-up and decay cannot "
+                    f"overlap), got {warmup!r} + {decay!r}")
+
+
 def length_within(value: int | None, name: str, default: int, positions: int,
                   error: type[Exception] = ValueError) -> int:
     """A length setting against a model's ``positions``: ``value``, else ``default`` capped at
@@ -94,7 +108,8 @@ def length_within(value: int | None, name: str, default: int, positions: int,
     return value
 
 
-__all__ = ["ATTENTION_BACKENDS", "BETA", "DIST_TIMEOUT_S", "EPS", "FRACTION", "LEARNING_RATE",
-           "MASKED_LM_PROB", "MAX_GRAD_NORM", "MIN_SEQUENCE_TOKENS", "MIN_TARGET_TOKENS",
-           "OPTIMIZERS", "POWER", "PRECISIONS", "Range", "SCHEDULES", "WARMUP", "WEIGHT_DECAY",
-           "check_choice", "length_within"]
+__all__ = ["ATTENTION_BACKENDS", "BETA", "DECAY", "DECAY_SHAPES", "DIST_TIMEOUT_S", "EPS",
+           "FRACTION", "LEARNING_RATE", "MASKED_LM_PROB", "MAX_GRAD_NORM", "MIN_LR_RATIO",
+           "MIN_SEQUENCE_TOKENS", "MIN_TARGET_TOKENS", "OPTIMIZERS", "POWER", "PRECISIONS", "Range",
+           "SCHEDULES", "WARMUP", "WEIGHT_DECAY", "check_choice", "check_phases",
+           "length_within"]

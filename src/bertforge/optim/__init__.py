@@ -1,9 +1,11 @@
 """Optimizers and learning-rate schedules.
 
-``build_optimizer(model, "lamb" | "adamw", ...)`` groups parameters into decay / no-decay sets and
-returns :class:`Lamb` (clips internally) or ``torch.optim.AdamW`` (the loop clips with
-:func:`clip_grad_norm_`); ``build_scheduler(optimizer, "poly" | "linear" | "constant", ...)``
-returns NVIDIA's warm-up schedules as a PyTorch scheduler. See docs/optim.md for the equations.
+``build_optimizer(model, name, ...)`` groups parameters into decay / no-decay sets and returns
+:class:`Lamb` ("lamb", clips internally), ``torch.optim.AdamW`` ("adamw"), :class:`DecoupledAdamW`
+("decoupled_adamw") or :class:`StableAdamW` ("stableadamw", "decoupled_stableadamw"); the loop
+clips with :func:`clip_grad_norm_` for all but LAMB. ``build_scheduler(optimizer, "poly" |
+"linear" | "constant" | "wsd", ...)`` returns NVIDIA's warm-up schedules, or warm-up-stable-decay,
+as a PyTorch scheduler. See docs/optim.md for the equations.
 """
 
 from bertforge.optim.lamb import Lamb, clip_grad_norm_, global_grad_norm
@@ -15,11 +17,15 @@ from bertforge.optim.param_groups import (
     split_decay,
 )
 from bertforge.optim.schedules import SCHEDULES, WarmupDecayLR, build_scheduler, schedule_lr
+from bertforge.optim.stable_adamw import AdamWVariant, DecoupledAdamW, StableAdamW
 
 __all__ = [
+    "AdamWVariant",
+    "DecoupledAdamW",
     "Lamb",
     "OPTIMIZERS",
     "SCHEDULES",
+    "StableAdamW",
     "WarmupDecayLR",
     "build_optimizer",
     "build_scheduler",

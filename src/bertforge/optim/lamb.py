@@ -124,6 +124,18 @@ def _sharded_global_norm(grads: Sequence[Tensor]) -> Tensor:
     return result.sqrt().to(wide)
 
 
+def check_adam_args(lr: float, betas: Sequence[float], eps: float, weight_decay: float) -> None:
+    """The hyper-parameters every Adam-style optimizer here shares, against the ranges of
+    :mod:`bertforge.core.limits` (``ValueError`` naming the argument)."""
+    limits.LEARNING_RATE.check(lr, "lr")
+    if len(betas) != 2:
+        raise ValueError(f"betas must be two numbers, got {list(betas)}")
+    for i, beta in enumerate(betas):
+        limits.BETA.check(beta, f"betas[{i}]")
+    limits.EPS.check(eps, "eps")
+    limits.WEIGHT_DECAY.check(weight_decay, "weight_decay")
+
+
 def _clip_factor(norm: Tensor, max_norm: float) -> Tensor:
     """1 / max(norm / max_norm, 1): the factor that brings the global norm down to ``max_norm``."""
     return torch.clamp(norm / max_norm, min=1.0).reciprocal()
@@ -178,13 +190,7 @@ class Lamb(torch.optim.Optimizer):
         weight_decay: float = 0.01,
         max_grad_norm: float = 1.0,
     ) -> None:
-        limits.LEARNING_RATE.check(lr, "lr")
-        if len(betas) != 2:
-            raise ValueError(f"betas must be two numbers, got {list(betas)}")
-        for i, beta in enumerate(betas):
-            limits.BETA.check(beta, f"betas[{i}]")
-        limits.EPS.check(eps, "eps")
-        limits.WEIGHT_DECAY.check(weight_decay, "weight_decay")
+        check_adam_args(lr, betas, eps, weight_decay)
         limits.MAX_GRAD_NORM.check(max_grad_norm, "max_grad_norm")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)

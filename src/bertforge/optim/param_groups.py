@@ -16,6 +16,7 @@ from torch import nn
 
 from bertforge.core.limits import OPTIMIZERS, check_choice
 from bertforge.optim.lamb import Lamb
+from bertforge.optim.stable_adamw import DecoupledAdamW, StableAdamW
 
 _NORM_TYPES: tuple[type, ...] = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
 if hasattr(nn, "RMSNorm"):
@@ -77,6 +78,9 @@ def build_optimizer(
     ``optimizer.last_grad_norm`` holds the pre-clip norm). ``"adamw"`` is
     ``torch.optim.AdamW`` (the fused kernel on CUDA and CPU) and does not clip: the train
     loop calls :func:`bertforge.optim.clip_grad_norm_` with ``max_grad_norm`` before stepping.
+    ``"decoupled_adamw"`` (:class:`DecoupledAdamW`), ``"stableadamw"`` and
+    ``"decoupled_stableadamw"`` (:class:`StableAdamW`, ``decouple_lr`` off / on) are
+    composer's and ModernBERT's names; the loop clips for them as for AdamW.
     """
     # Only the name is checked here (it picks the class); each optimizer checks its own
     # hyper-parameters in its constructor.
@@ -86,6 +90,11 @@ def build_optimizer(
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                     max_grad_norm=max_grad_norm)
+    if name == "decoupled_adamw":
+        return DecoupledAdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if name in ("stableadamw", "decoupled_stableadamw"):
+        return StableAdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                           decouple_lr=name == "decoupled_stableadamw")
     params = [p for g in groups for p in g["params"]]
     # Fused AdamW is one kernel for all tensors, on CUDA and (since torch 2.4) on CPU, where it
     # is ~6x faster than the per-tensor loop torch picks by default (benchmarks/finetune_bench.py:

@@ -1,13 +1,20 @@
-"""Learning-rate schedules: linear warm-up, then poly (NVIDIA's BERT), linear or constant.
+"""Learning-rate schedules: linear warm-up, then poly (NVIDIA's BERT), linear, constant, or
+warm-up-stable-decay (ModernBERT's "trapezoidal" schedule).
 
-With ``k`` the 1-based index of an optimizer step, ``T = total_steps`` and ``w`` the warm-up
-fraction, step ``k`` runs with::
+With ``k`` the 1-based index of an optimizer step, ``T = total_steps``, ``w`` the warm-up
+fraction and, for "wsd", ``d`` the decay fraction and ``r`` the final ratio, step ``k`` runs with::
 
     progress = k / T
     lr_k = base_lr * progress / w                      if progress < w     (warm-up)
          = base_lr * (1 - progress) ** power           "poly"   (power 0.5 in NVIDIA's recipe)
          = base_lr * (1 - progress) / (1 - w)          "linear"
          = base_lr                                     "constant"
+         = base_lr                                     "wsd", while 1 - progress >= d (stable)
+         = base_lr * (r + (1 - r) * f(s))              "wsd", s = 1 - (1 - progress) / d (decay)
+    f(s) = 1 - s  ("linear"),  1 - sqrt(s)  ("1-sqrt", ModernBERT's)
+
+so the last ``d * T`` steps fall from ``base_lr`` to ``r * base_lr`` at step ``T`` (and stay there
+past it).
 
 This is NVIDIA's ``PolyWarmUpScheduler`` (and its Linear/Constant siblings) from
 DeepLearningExamples/PyTorch/LanguageModeling/BERT/schedulers.py. There the scheduler is stepped
@@ -23,16 +30,20 @@ restored from ``state_dict()`` yields bit-for-bit the same sequence as one that 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from bertforge.core import limits
-from bertforge.core.limits import SCHEDULES, check_choice
+from bertforge.core.limits import DECAY_SHAPES, SCHEDULES, check_choice
 
 
 def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
-                schedule: str = "poly", power: float = 0.5) -> float:
+                schedule: str = "poly", power: float = 0.5, decay: float = 0.1,
+                decay_shape: str = "1-sqrt", min_lr_ratio: float = 0.0) -> float:
     """Learning rate of optimizer step ``step`` (1-based; step 0 is the value before training).
+    ``decay``, ``decay_shape`` and ``min_lr_ratio`` are read by "wsd" only.
 
     A pure formula: the settings are checked once, when :func:`build_scheduler` builds the
     scheduler, not at every step.
@@ -47,7 +58,27 @@ def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
         return base_lr * max((1.0 - progress) / (1.0 - warmup), 0.0)
     if schedule == "constant":
         return base_lr
+    if schedule == "wsd":
+        # Steps left as a fraction from integers: exact at the phase boundary (k = T - d T).
+        remaining = (total_steps - step) / total_steps
+        return base_lr * _wsd_factor(remaining, decay, decay_shape, min_lr_ratio)
     raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+
+
+def _wsd_factor(remaining: float, decay: float, shape: str, min_ratio: float) -> float:
+    """The factor of "wsd" after warm-up, with ``remaining`` the fraction of steps left after
+    this one: 1 while it is at least ``decay``, then down to ``min_ratio`` at 0 (and past it).
+    ``decay`` 0 never decays (constant after warm-up, like "constant")."""
+    if remaining >= decay or decay == 0.0:
+        return 1.0
+    done = min(1.0 - remaining / decay, 1.0)  # s: how far into the decay, in (0, 1]
+    if shape == "linear":
+        falling = 1.0 - done
+    elif shape == "1-sqrt":
+        falling = 1.0 - math.sqrt(done)
+    else:
+        raise ValueError(f"decay_shape must be one of {', '.join(DECAY_SHAPES)}, got {shape!r}")
+    return min_ratio + (1.0 - min_ratio) * falling
 
 
 class WarmupDecayLR(LRScheduler):
@@ -55,20 +86,27 @@ class WarmupDecayLR(LRScheduler):
     ``optimizer.step()``; ``last_epoch`` counts the optimizer steps taken so far."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup: float,
-                 schedule: str = "poly", power: float = 0.5, last_epoch: int = -1) -> None:
+                 schedule: str = "poly", power: float = 0.5, last_epoch: int = -1, *,
+                 decay: float = 0.1, decay_shape: str = "1-sqrt",
+                 min_lr_ratio: float = 0.0) -> None:
         _validate(schedule, total_steps, warmup, power)
+        _validate_wsd(schedule, warmup, decay, decay_shape, min_lr_ratio)
         # Plain Python values only: state_dict() must load with torch.load(weights_only=True).
         self.total_steps = int(total_steps)
         self.warmup = float(warmup)
         self.schedule = schedule
         self.power = float(power)
+        self.decay = float(decay)
+        self.decay_shape = str(decay_shape)
+        self.min_lr_ratio = float(min_lr_ratio)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
         """Learning rates for the next optimizer step, one per parameter group."""
         step = self.last_epoch + 1
         return [schedule_lr(float(base), step, self.total_steps, self.warmup, self.schedule,
-                            self.power) for base in self.base_lrs]
+                            self.power, self.decay, self.decay_shape, self.min_lr_ratio)
+                for base in self.base_lrs]
 
     # ``step(epoch)`` (deprecated in torch) uses this; the schedule is closed-form anyway.
     _get_closed_form_lr = get_lr
@@ -84,12 +122,28 @@ def _validate(schedule: str, total_steps: int, warmup: float, power: float) -> N
     limits.POWER.check(power, "power")
 
 
+def _validate_wsd(schedule: str, warmup: float, decay: float, decay_shape: str,
+                  min_lr_ratio: float) -> None:
+    """The checks of the "wsd" settings, as the config makes them: ranges whatever the
+    schedule, and for "wsd" itself, warm-up and decay that do not overlap."""
+    limits.DECAY.check(decay, "decay")
+    check_choice(decay_shape, "decay_shape", DECAY_SHAPES)
+    limits.MIN_LR_RATIO.check(min_lr_ratio, "min_lr_ratio")
+    if schedule == "wsd":
+        limits.check_phases(warmup, decay, ("warmup", "decay"))
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, name: str, total_steps: int,
-                    warmup: float, power: float = 0.5) -> WarmupDecayLR:
-    """The schedule named by ``optim.schedule`` ("poly", "linear" or "constant") over
-    ``total_steps`` optimizer steps, warming up for the fraction ``warmup`` of them.
+                    warmup: float, power: float = 0.5, *, decay: float = 0.1,
+                    decay_shape: str = "1-sqrt", min_lr_ratio: float = 0.0) -> WarmupDecayLR:
+    """The schedule named by ``optim.schedule`` ("poly", "linear", "constant" or "wsd") over
+    ``total_steps`` optimizer steps, warming up for the fraction ``warmup`` of them. "wsd" then
+    holds ``base_lr`` and decays over the last fraction ``decay`` of the steps, with
+    ``decay_shape`` ("linear" or "1-sqrt"), to ``min_lr_ratio * base_lr``; the other schedules
+    ignore those three.
 
     Building it sets every group's ``lr`` to the first step's value. When resuming, build it
     first, then load the optimizer's and this scheduler's state dicts.
     """
-    return WarmupDecayLR(optimizer, total_steps, warmup, name, power)
+    return WarmupDecayLR(optimizer, total_steps, warmup, name, power, decay=decay,
+                         decay_shape=decay_shape, min_lr_ratio=min_lr_ratio)

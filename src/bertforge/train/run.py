@@ -101,6 +101,9 @@ def check_resume_compatible(saved: dict, cfg: RunConfig, source: Path, init_key:
     defining = tuple(run_defining_keys(type(cfg)))
     old = _flat(json.loads(json.dumps(saved, default=str)))
     new = _flat(json.loads(json.dumps(to_dict(cfg), default=str)))
+    # A key the checkpoint's bertforge did not have yet meant what its default means now.
+    default = _flat(json.loads(json.dumps(to_dict(type(cfg)()), default=str)))
+    old = {**{k: v for k, v in default.items() if k not in old}, **old}
     diffs = [f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
              for k in sorted(set(old) | set(new))
              if k.startswith(defining) and old.get(k) != new.get(k)]
@@ -145,7 +148,10 @@ class _Setup:
                                          cfg.optim.weight_decay, cfg.optim.betas, cfg.optim.eps,
                                          cfg.optim.max_grad_norm)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim.schedule, self.max_steps,
-                                         cfg.optim.warmup, cfg.optim.power)
+                                         cfg.optim.warmup, cfg.optim.power,
+                                         decay=cfg.optim.decay,
+                                         decay_shape=cfg.optim.decay_shape,
+                                         min_lr_ratio=cfg.optim.min_lr_ratio)
         self.start_step, self.rng_states = 0, {}
         if self.resume_from is not None:
             self._restore(task, cfg, info)
