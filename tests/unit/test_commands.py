@@ -33,6 +33,8 @@ OLD_FLAGS = [
                                                 "min_frequency": 3, "text_field": "body",
                                                 "input_format": "jsonl"}),
     ("vocab --input a --output o --cased", {"cased": True}),
+    ("vocab --input a --output o --type modernbert --vocab-size 50368", {
+        "type": "modernbert", "vocab_size": 50368}),
     ("prepare --input a b --vocab v.txt --output d", {
         "input": ["a", "b"], "vocab": "v.txt", "output": "d", "max_seq_length": 128,
         "max_predictions": 20, "masked_lm_prob": 0.15, "short_seq_prob": 0.1, "objective": "nsp",

@@ -20,20 +20,24 @@ PREPARE_CONFIG_NAME = "config.yaml"
 class VocabConfig(CorpusInput):
     """``bertforge vocab``."""
 
-    type: str = opt("wordpiece", "wordpiece (BERT) or bpe (BART's byte-level BPE, specials <s> "
-                    "<pad> </s> <unk> <mask>).", choices=("wordpiece", "bpe"))
-    vocab_size: int = opt(30522, "Target vocabulary size (BART's is 50265).", minimum=1)
+    type: str = opt("wordpiece", "wordpiece (BERT), bpe (BART's byte-level BPE, specials <s> "
+                    "<pad> </s> <unk> <mask>) or modernbert (byte-level BPE with BERT's specials "
+                    "[CLS] [SEP] [MASK] [PAD] [UNK] and template, no token types).",
+                    choices=("wordpiece", "bpe", "modernbert"))
+    vocab_size: int = opt(30522, "Target vocabulary size (BART's is 50265, ModernBERT's 50368).",
+                          minimum=1)
     output: str = opt(REQUIRED, "wordpiece: vocab.txt to write (tokenizer.json goes beside it); "
-                      "bpe: a directory for tokenizer.json, vocab.json, merges.txt and configs.")
+                      "bpe: a directory for tokenizer.json, vocab.json, merges.txt and configs; "
+                      "modernbert: a directory for tokenizer.json and configs.")
     cased: bool = opt(False, "WordPiece: keep case and accents (default: lower-case and strip "
-                      "accents, as BERT uncased). BPE always keeps case.")
+                      "accents, as BERT uncased). Byte-level BPE always keeps case.")
     min_frequency: int = opt(2, "Minimum count of a merged piece.", minimum=1)
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.type == "bpe" and self.cased:
-            raise ConfigError("--cased applies to WordPiece only: byte-level BPE always keeps "
-                              "case")
+        if self.type != "wordpiece" and self.cased:
+            raise ConfigError(f"--cased applies to WordPiece only: byte-level BPE (--type "
+                              f"{self.type}) always keeps case")
 
 
 def vocab_config_path(output: str | Path) -> Path:
@@ -44,13 +48,15 @@ def vocab_config_path(output: str | Path) -> Path:
 
 
 def run_vocab(cfg: VocabConfig) -> int:
-    from bertforge.tokenization.training import train_bpe, train_wordpiece
+    from bertforge.tokenization.training import train_bpe, train_modern_bpe, train_wordpiece
 
     common = dict(vocab_size=cfg.vocab_size, output=Path(cfg.output),
                   min_frequency=cfg.min_frequency, input_format=cfg.input_format,
                   text_field=cfg.text_field)
     if cfg.type == "bpe":
         report = train_bpe(cfg.input, **common)
+    elif cfg.type == "modernbert":
+        report = train_modern_bpe(cfg.input, **common)
     else:
         report = train_wordpiece(cfg.input, lowercase=not cfg.cased, **common)
     save_config(cfg, vocab_config_path(cfg.output))
@@ -92,8 +98,8 @@ def run_inspect(cfg: InspectConfig) -> int:
 
 
 VOCAB = Command(
-    "vocab", "Train a vocabulary: WordPiece for BERT (vocab.txt + tokenizer.json) or byte-level "
-    "BPE for BART (a tokenizer directory).", VocabConfig, run_vocab,
+    "vocab", "Train a vocabulary: WordPiece for BERT (vocab.txt + tokenizer.json), byte-level "
+    "BPE for BART or for ModernBERT (a tokenizer directory).", VocabConfig, run_vocab,
     saves=f"beside the vocabulary: OUTPUT.config.yaml for a file, {VOCAB_CONFIG_NAME} in a "
           "directory")
 PREPARE = Command(

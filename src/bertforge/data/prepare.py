@@ -241,7 +241,7 @@ def _write_manifest(cfg: PrepareConfig, settings: dict[str, Any], fingerprint: s
 
 
 def _special_ids(tok: Any) -> dict[str, int]:
-    # BertTokenizer refuses a vocabulary without all five, so every id exists here.
+    # Every tokenizer class refuses a vocabulary without all five, so every id exists here.
     return {name: int(getattr(tok, f"{name}_id")) for name in ("pad", "unk", "cls", "sep", "mask")}
 
 

@@ -112,7 +112,10 @@ def process_chunk(task: dict[str, Any]) -> dict[str, Any]:
 
     job, index = _JOB, task["index"]
     sentences = [document_sentences(d) for d in task["docs"]]
-    flat = [s for doc in sentences for s in doc]
+    # A tokenizer whose words change with a space before them (ModernBERT's byte-level BPE
+    # without a prefix space) sees each sentence after a document's first as running text does.
+    joiner = getattr(job["tokenizer"], "sentence_joiner", "")
+    flat = [joiner + s if k else s for doc in sentences for k, s in enumerate(doc)]
     ids = job["tokenizer"].encode_batch(flat, add_special_tokens=False) if flat else []
     split_rng = _chunk_rng(job["seed"], index, "split")
     by_split: dict[str, list[list[list[int]]]] = {s: [] for s in job["splits"]}

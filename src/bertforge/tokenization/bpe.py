@@ -32,7 +32,8 @@ from bertforge.core.io import write_json_atomic, write_text_atomic
 from bertforge.tokenization.base import BackendTokenizer, read_json_object, tokenizer_json_tokens
 
 __all__ = ["BPE_SPECIAL_TOKENS", "BpeTokenizer", "bpe_hash", "parse_bpe_tokenizer_json",
-           "read_bpe_directory", "read_bpe_tokenizer_json", "read_merges_txt", "read_vocab_json"]
+           "parse_merges", "read_bpe_directory", "read_bpe_tokenizer_json", "read_merges_txt",
+           "read_vocab_json"]
 
 BPE_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 DEFAULT_MAX_LENGTH = 1024  # BART's position embeddings
@@ -132,6 +133,13 @@ def parse_bpe_tokenizer_json(data: dict, path: str | Path) -> tuple[list[str], l
     if data.get("normalizer") is not None:
         raise DataError(f"{path}: has a normalizer, which GPT-2/RoBERTa/BART tokenizers never "
                         "have; is it the right file?")
+    merges = parse_merges(model, path)
+    return tokenizer_json_tokens(path, data), merges, bool(pre.get("add_prefix_space", False))
+
+
+def parse_merges(model: dict, path: str | Path) -> list[Merge]:
+    """The merges of a tokenizer.json's BPE ``model``: "a b" strings (tokenizers < 0.20) or
+    ["a", "b"] pairs; ``DataError`` naming the first malformed one."""
     merges: list[Merge] = []
     for k, entry in enumerate(model.get("merges") or [], start=1):
         pair = entry.split(" ") if isinstance(entry, str) else entry
@@ -140,7 +148,7 @@ def parse_bpe_tokenizer_json(data: dict, path: str | Path) -> tuple[list[str], l
             raise DataError(f"{path}: merge {k} is {entry!r}, not \"a b\" or [\"a\", \"b\"]; "
                             "the file is damaged")
         merges.append((pair[0], pair[1]))
-    return tokenizer_json_tokens(path, data), merges, bool(pre.get("add_prefix_space", False))
+    return merges
 
 
 def read_bpe_directory(directory: str | Path) -> tuple[list[str], list[Merge], bool | None] | None:

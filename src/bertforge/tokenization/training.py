@@ -1,5 +1,6 @@
 """Vocabulary training, streaming a corpus into `tokenizers`: BERT's WordPiece (`bertforge
-vocab`, ``train_wordpiece``) and BART's byte-level BPE (``train_bpe``).
+vocab`, ``train_wordpiece``), BART's byte-level BPE (``train_bpe``) and ModernBERT's byte-level
+BPE with BERT's special tokens (``train_modern_bpe``).
 
 The corpus is never held in memory: only counts grow with it. WordPiece reads it twice (the
 first pass fixes the alphabet, which makes training deterministic, see ``train_wordpiece``);
@@ -16,20 +17,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer, WordPieceTrainer
 from tqdm import tqdm
 
 from bertforge.core.progress import progress_bar
-from bertforge.tokenization.bpe import BPE_SPECIAL_TOKENS, BpeTokenizer, parse_bpe_tokenizer_json
+from bertforge.tokenization.base import tokenizer_json_tokens
+from bertforge.tokenization.bpe import (BPE_SPECIAL_TOKENS, BpeTokenizer, parse_bpe_tokenizer_json,
+                                        parse_merges)
+from bertforge.tokenization.modern import MODERN_SPECIAL_TOKENS, ModernBpeTokenizer
 from bertforge.data.corpus import (FORMATS, ReadStats, document_sentences, expand_inputs,
                                    iter_documents)
 from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization.wordpiece import (SPECIAL_TOKENS, BertTokenizer, _bert_normalizer,
                                               _wordpiece)
 
-__all__ = ["BpeReport", "VocabReport", "train_bpe", "train_wordpiece"]
+__all__ = ["BpeReport", "ModernReport", "VocabReport", "train_bpe", "train_modern_bpe",
+           "train_wordpiece"]
 
 BYTE_SYMBOLS = 256  # byte-level BPE's alphabet: one symbol per byte value
 
@@ -72,6 +77,20 @@ class VocabReport:
         casing = "uncased (lower-cased, accents stripped)" if self.lowercase else "cased"
         return (f"wrote {self.vocab_path} ({self.vocab_size} tokens, {casing}) "
                 f"and {self.tokenizer_json}")
+
+
+@dataclass(kw_only=True)
+class ModernReport(VocabReport):
+    """What ``train_modern_bpe`` read and wrote (``vocab_path`` and ``tokenizer_json`` are both
+    the tokenizer.json; ``lowercase`` is always False)."""
+
+    merges: int
+
+    def _wrote(self) -> str:
+        return (f"wrote ModernBERT's byte-level BPE to {self.tokenizer_json.parent} "
+                f"({self.vocab_size} tokens, {self.merges} merges, specials "
+                f"{' '.join(MODERN_SPECIAL_TOKENS)}): {self.tokenizer_json.name} and "
+                "transformers configs")
 
 
 @dataclass(kw_only=True)
@@ -285,36 +304,15 @@ def train_bpe(
     ``vocab_size`` tokens when the corpus has too few frequent pairs. The same input and
     arguments give the same files, byte for byte.
     """
-    floor = len(BPE_SPECIAL_TOKENS) + BYTE_SYMBOLS
-    if vocab_size <= floor:
-        raise ConfigError(f"vocab_size={vocab_size} is too small; byte-level BPE needs the 5 "
-                          f"specials and {BYTE_SYMBOLS} byte symbols, so it must exceed {floor}")
-    if min_frequency < 1:
-        raise ConfigError(f"min_frequency={min_frequency} must be at least 1")
-    _check_input_format(input_format)
-    out = Path(output)
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
-        raise DataError(f"--output {output}: {existing} is a file; BPE training writes a directory "
-                        "(vocab.json, merges.txt, tokenizer.json and configs), so give a directory")
+    out = _byte_level_output(output, vocab_size, min_frequency, input_format,
+                             "vocab.json, merges.txt, tokenizer.json and configs")
     paths = expand_inputs(inputs)
     stats = ReadStats()
-    trainer_tok = Tokenizer(BPE())
-    trainer_tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
-    # The whole byte alphabet is declared up front: every byte gets a symbol even when the
-    # corpus lacks it, and symbol ids (which break ties between equally frequent pairs) do not
-    # depend on what the corpus happens to contain.
-    trainer = BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(BPE_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     batches = _corpus_batches(paths, input_format=input_format, text_field=text_field,
                               progress=progress, desc="bpe (pairs)", warn=warn or _warn_stderr,
                               stats=stats)
-    trainer_tok.train_from_iterator(batches, trainer=trainer)
+    trainer_tok = _train_byte_level(batches, vocab_size=vocab_size, min_frequency=min_frequency,
+                                    specials=BPE_SPECIAL_TOKENS, add_prefix_space=add_prefix_space)
     _require_text(inputs, stats)
     tokens, merges, _ = parse_bpe_tokenizer_json(json.loads(trainer_tok.to_str()), out)
     tokenizer = BpeTokenizer(tokens, merges, add_prefix_space=add_prefix_space, source=str(out))
@@ -333,3 +331,87 @@ def train_bpe(
         documents=stats.documents,
         bytes=stats.text_bytes,
     )
+
+
+def _byte_level_output(output: str | Path, vocab_size: int, min_frequency: int,
+                       input_format: str, files: str) -> Path:
+    """The checked output directory of a byte-level BPE training; ``ConfigError`` for settings
+    that cannot work, ``DataError`` when ``output`` is (inside) a file."""
+    floor = len(BPE_SPECIAL_TOKENS) + BYTE_SYMBOLS
+    if vocab_size <= floor:
+        raise ConfigError(f"vocab_size={vocab_size} is too small; byte-level BPE needs the 5 "
+                          f"specials and {BYTE_SYMBOLS} byte symbols, so it must exceed {floor}")
+    if min_frequency < 1:
+        raise ConfigError(f"min_frequency={min_frequency} must be at least 1")
+    _check_input_format(input_format)
+    out = Path(output)
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise DataError(f"--output {output}: {existing} is a file; BPE training writes a directory "
+                        f"({files}), so give a directory")
+    return out
+
+
+def _train_byte_level(batches: Iterator[list[str]], *, vocab_size: int, min_frequency: int,
+                      specials: Sequence[str], add_prefix_space: bool,
+                      normalizer: normalizers.Normalizer | None = None) -> Tokenizer:
+    """A byte-level BPE trained on ``batches``, ``specials`` first (ids 0..4), then the 256 byte
+    symbols, then one token per merge."""
+    trainer_tok = Tokenizer(BPE())
+    if normalizer is not None:
+        trainer_tok.normalizer = normalizer
+    trainer_tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+    # The whole byte alphabet is declared up front: every byte gets a symbol even when the
+    # corpus lacks it, and symbol ids (which break ties between equally frequent pairs) do not
+    # depend on what the corpus happens to contain.
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(specials),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    trainer_tok.train_from_iterator(batches, trainer=trainer)
+    return trainer_tok
+
+
+def train_modern_bpe(
+    inputs: Sequence[str | Path],
+    vocab_size: int,
+    output: str | Path,
+    *,
+    min_frequency: int = 2,
+    input_format: str = "auto",
+    text_field: str = "text",
+    progress: bool = True,
+    warn: Callable[[str], None] | None = None,
+) -> ModernReport:
+    """Train ModernBERT's tokenizer on a corpus, streaming it (never all in memory): byte-level
+    BPE over NFC-normalized text, no prefix space, BERT's special tokens first ([PAD] [UNK]
+    [CLS] [SEP] [MASK] = ids 0..4), then the 256 byte symbols, then one token per merge.
+
+    Writes into directory ``output`` tokenizer.json, tokenizer_config.json and
+    special_tokens_map.json (``ModernBpeTokenizer.save``), atomically; transformers'
+    AutoTokenizer loads them with the same ids. The same input and arguments give the same
+    files, byte for byte.
+    """
+    out = _byte_level_output(output, vocab_size, min_frequency, input_format,
+                             "tokenizer.json and configs")
+    paths = expand_inputs(inputs)
+    stats = ReadStats()
+    batches = _corpus_batches(paths, input_format=input_format, text_field=text_field,
+                              progress=progress, desc="bpe (pairs)", warn=warn or _warn_stderr,
+                              stats=stats)
+    trainer_tok = _train_byte_level(batches, vocab_size=vocab_size, min_frequency=min_frequency,
+                                    specials=MODERN_SPECIAL_TOKENS, add_prefix_space=False,
+                                    normalizer=normalizers.NFC())
+    _require_text(inputs, stats)
+    data = json.loads(trainer_tok.to_str())
+    tokenizer = ModernBpeTokenizer.build(tokenizer_json_tokens(out, data),
+                                         parse_merges(data["model"], out), source=str(out))
+    tokenizer.save(out)
+    return ModernReport(
+        vocab_path=out / "tokenizer.json", tokenizer_json=out / "tokenizer.json",
+        vocab_size=tokenizer.vocab_size, requested_vocab_size=vocab_size,
+        merges=len(tokenizer.merges), lowercase=False, files_read=stats.files_read,
+        files_skipped=list(stats.skipped), documents=stats.documents, bytes=stats.text_bytes)

@@ -21,8 +21,7 @@ from tokenizers.models import WordPiece
 
 from bertforge.core.io import write_json_atomic, write_text_atomic
 from bertforge.errors import DataError
-from bertforge.tokenization.base import (BackendTokenizer, Text, Window, read_json_object,
-                                         tokenizer_json_tokens)
+from bertforge.tokenization.base import EncoderTokenizer, read_json_object, tokenizer_json_tokens
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -116,7 +115,7 @@ def _bert_normalizer(lowercase: bool) -> normalizers.Normalizer:
 def _wordpiece(vocab: dict[str, int] | None) -> WordPiece:
     return WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
 
-class BertTokenizer(BackendTokenizer):
+class BertTokenizer(EncoderTokenizer):
     """WordPiece tokenizer with BERT's normalization; a thin layer over ``tokenizers.Tokenizer``."""
 
     model_input_names = ("input_ids", "token_type_ids", "attention_mask")
@@ -240,71 +239,6 @@ class BertTokenizer(BackendTokenizer):
     def save_vocab(self, path: str | Path) -> None:
         """Write vocab.txt (one token per line, in id order) atomically."""
         write_text_atomic(path, "\n".join(self.vocab) + "\n")
-
-    # -- encoding -------------------------------------------------------------------------------
-
-    def encode_windows(
-        self,
-        first: Sequence[Text],
-        second: Sequence[Text] | None = None,
-        *,
-        max_length: int,
-        stride: int = 0,
-        truncation: str = "longest_first",
-        overflow: bool = False,
-        is_pretokenized: bool = False,
-    ) -> list[Window]:
-        """Encode many texts (or pairs) with special tokens, truncated to ``max_length`` tokens.
-
-        ``truncation``: ``longest_first`` (trim the longer text of a pair token by token),
-        ``only_first`` or ``only_second`` (QA: the question is kept whole, the context cut).
-        With ``overflow`` the cut-off tokens are not dropped but continue in further windows,
-        each repeating the last ``stride`` tokens of the previous one, so every token is seen
-        with some context on both sides. Windows come out grouped by input, in order, and
-        ``Window.source`` names their input. ``is_pretokenized``: each text is a list of words.
-        """
-        if second is not None and len(second) != len(first):
-            raise ValueError(f"first and second must have the same length, got {len(first)} "
-                             f"and {len(second)}")
-        if max_length < 3 + (second is not None):
-            raise ValueError(f"max_length must leave room for special tokens, got {max_length}")
-        if stride < 0:
-            raise ValueError(f"stride must be >= 0, got {stride}")
-        inputs = list(first) if second is None else list(zip(first, second))
-        if not inputs:
-            return []
-        with self._truncating(max_length, stride if overflow else 0, truncation):
-            encodings = self.backend.encode_batch(inputs, is_pretokenized=is_pretokenized,
-                                                  add_special_tokens=True)
-        windows: list[Window] = []
-        for source, enc in enumerate(encodings):
-            for part in [enc] + (list(enc.overflowing) if overflow else []):
-                windows.append(Window(ids=part.ids, type_ids=part.type_ids, offsets=part.offsets,
-                                      sequence_ids=part.sequence_ids, word_ids=part.word_ids,
-                                      source=source))
-        return windows
-
-    def pad_windows(self, windows: Sequence[Window], width: int) -> dict[str, np.ndarray]:
-        """``input_ids`` (padded with [PAD]), ``token_type_ids`` and ``attention_mask`` of
-        ``windows`` as (N, width) int64 arrays, the model inputs of fine-tuning."""
-        n = len(windows)
-        ids = np.full((n, width), self.pad_id, dtype=np.int64)
-        types = np.zeros((n, width), dtype=np.int64)
-        mask = np.zeros((n, width), dtype=np.int64)
-        for i, w in enumerate(windows):  # a loop over sequences; tokens are copied as slices
-            size = len(w.ids)
-            ids[i, :size], types[i, :size], mask[i, :size] = w.ids, w.type_ids, 1
-        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
-
-    def truncate_text(self, text: str, max_tokens: int) -> str:
-        """``text`` cut after its first ``max_tokens`` WordPiece tokens (at a character offset), so
-        that it can be encoded again whole; unchanged when it is short enough."""
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        offsets = self.backend.encode(text, add_special_tokens=False).offsets
-        if len(offsets) <= max_tokens:
-            return text
-        return text[: offsets[max_tokens - 1][1]]
 
 def _directory_tokens(directory: Path) -> tuple[list[str], bool | None] | None:
     """(tokens, lowercase flag or None) of a directory's tokenizer.json, else its vocab.txt."""
