@@ -249,3 +249,20 @@ def test_stored_truncation_is_not_applied(published: Path, tmp_path: Path) -> No
     tok = ModernBpeTokenizer.from_file(tmp_path / "tokenizer.json")
     assert len(tok.encode(TEXTS[0])) > 4
     assert tok.encode(TEXTS[0]) == load_tokenizer(published).encode(TEXTS[0])
+
+
+def test_a_long_qa_context_tokenized_in_pieces_is_tokenized_as_one(trained: Path,
+                                                                   monkeypatch) -> None:
+    """QA cuts contexts over a piece size before a space: byte-level BPE spells a word after a
+    space ("Ġword") otherwise than at the start of a text, so a cut after the space changed
+    the tokens."""
+    from bertforge.data.finetuning import qa_windows
+    from bertforge.tokenization import load_tokenizer
+
+    tok = load_tokenizer(trained)
+    text = CORPUS.read_text(encoding="utf-8")[:3000].replace("\n", " ")
+    monkeypatch.setattr(qa_windows, "PIECE_CHARS", 97)
+    whole = tok.backend.encode(text, add_special_tokens=False)
+    (got,) = qa_windows._tokenize([text], tok)
+    assert got.ids.tolist() == whole.ids
+    assert [tuple(o) for o in got.spans.tolist()] == whole.offsets

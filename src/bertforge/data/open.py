@@ -31,10 +31,11 @@ def _manifest_defaults(root: Path, manifest: dict[str, Any],
             out[key] = manifest[key]
     wwm = overrides.get("whole_word_masking", out.get("whole_word_masking", False))
     if wwm and overrides.get("is_continuation") is None and "tokenizer" in manifest:
-        from bertforge.tokenization import BertTokenizer
+        from bertforge.tokenization import load_tokenizer
 
-        tokenizer = BertTokenizer.from_pretrained(root / manifest["tokenizer"])
-        out["is_continuation"] = tokenizer.is_continuation
+        # The data's own tokenizer says what continues a word (WordPiece's "##", byte-level
+        # BPE's tokens without "Ġ").
+        out["is_continuation"] = load_tokenizer(root / manifest["tokenizer"]).is_continuation
     return out
 
 

@@ -60,13 +60,15 @@ class _Tokens:
 
 
 def _pieces(text: str) -> list[tuple[int, str]]:
-    """(start, piece) cuts of ``text``, each ending just after a space (or at the end)."""
+    """(start, piece) cuts of ``text``, each cut just before a space (or at the end): the next
+    piece starts with its space, as the word after it does in the whole text, which byte-level
+    BPE spells differently ("Ġword") from a word at the start of a text."""
     pieces, lo = [], 0
     while len(text) - lo > PIECE_CHARS:
-        cut = text.rfind(" ", lo + 1, lo + PIECE_CHARS) + 1
-        if cut <= lo + 1:  # no space in reach: go on to the next one, wherever it is
-            cut = text.find(" ", lo + PIECE_CHARS) + 1
-            if cut <= 0:
+        cut = text.rfind(" ", lo + 1, lo + PIECE_CHARS)
+        if cut <= lo:  # no space in reach: go on to the next one, wherever it is
+            cut = text.find(" ", lo + PIECE_CHARS)
+            if cut < 0:
                 break
         pieces.append((lo, text[lo:cut]))
         lo = cut

@@ -16,7 +16,7 @@ import torch
 from bertforge.data.finetuning.labels import LabelMap
 from bertforge.data.collate.seq2seq import pad_rows
 from bertforge.models.registry import family_of_config
-from bertforge.tokenization import BertTokenizer, Window
+from bertforge.tokenization import EncoderTokenizer, Window
 from bertforge.train.precision import Precision
 
 
@@ -158,7 +158,7 @@ class Pipeline(ABC):
 
     task: str                  # the canonical task name (bertforge.tasks.registry)
     model: Any                 # the PyTorch model, or a backend with the same call and outputs
-    tokenizer: Any             # BertTokenizer or BpeTokenizer
+    tokenizer: Any             # an EncoderTokenizer (BERT, ModernBERT) or BART's BpeTokenizer
     model_dir: Path
     config: Any                # BertConfig or BartConfig
     device: torch.device
@@ -253,10 +253,11 @@ class Pipeline(ABC):
     def encode_text(self, text: str, pair: str | None = None) -> tuple[Window, bool]:
         """The window of ``text`` (and ``pair``) with special tokens, and whether it was cut to
         ``max_length`` (``InputError`` instead under ``truncation="error"``)."""
-        bert = isinstance(self.tokenizer, BertTokenizer)
+        # An encoder's tokenizer (BERT's, ModernBERT's) makes windows with offsets; BART's cuts.
+        windowed = isinstance(self.tokenizer, EncoderTokenizer)
         pairs = None if pair is None else [pair]
         # One tokenization in the usual case: the whole text, cut again only when it is too long.
-        whole = (self.tokenizer.encode_windows([text], pairs, max_length=_UNCUT)[0] if bert
+        whole = (self.tokenizer.encode_windows([text], pairs, max_length=_UNCUT)[0] if windowed
                  else None)
         n = len(whole.ids) if whole is not None else len(self.tokenizer.encode(text, pair))
         over = n > self.max_length
@@ -264,7 +265,7 @@ class Pipeline(ABC):
             what = "with text_pair " if pair is not None else ""
             raise InputError("text", f"{what}{n} tokens long, over this model's limit of "
                              f"{self.max_length}; shorten it, or use truncation=truncate")
-        if bert:
+        if windowed:
             window = whole if not over else self.tokenizer.encode_windows(
                 [text], pairs, max_length=self.max_length)[0]
         else:
@@ -280,7 +281,7 @@ class Pipeline(ABC):
     def pad(self, windows: Sequence[Window]) -> dict[str, torch.Tensor]:
         """Model inputs of ``windows`` padded to ``batch_width``, on the pipeline's device."""
         width = self.batch_width([len(w.ids) for w in windows])
-        if isinstance(self.tokenizer, BertTokenizer):
+        if isinstance(self.tokenizer, EncoderTokenizer):
             arrays = self.tokenizer.pad_windows(windows, width)
         else:
             ids, mask = pad_rows([w.ids for w in windows], self.tokenizer.pad_id, width)
