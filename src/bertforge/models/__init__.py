@@ -1,4 +1,4 @@
-"""Model families (BERT, BART): configs, presets, modules, task heads, Hugging Face interop."""
+"""Model families (BERT, BART, ModernBERT): configs, presets, modules, task heads, Hugging Face interop."""
 
 from bertforge.models.bart import (BartForConditionalGeneration, BartForSequenceClassification,
                                    BartModel, BartPreTrainedModel)
@@ -20,7 +20,15 @@ from bertforge.models.heads import (
 )
 from bertforge.models.bert import BertPreTrainedModel
 from bertforge.models.hub import LoadReport, PreTrainedModel, read_weights
-from bertforge.models.presets import PRESETS, get_preset, preset_names
+from bertforge.models.modernbert import (ModernBertModel, ModernBertModelOutput,
+                                         ModernBertPreTrainedModel)
+from bertforge.models.modernbert_config import ModernBertConfig
+from bertforge.models.modernbert_heads import (MODERNBERT_CLASSES, ModernBertForMaskedLM,
+                                               ModernBertForMultipleChoice,
+                                               ModernBertForQuestionAnswering,
+                                               ModernBertForSequenceClassification,
+                                               ModernBertForTokenClassification)
+from bertforge.models.presets import MODERNBERT_PRESETS, PRESETS, get_preset, preset_names
 
 __all__ = [
     "BART_PRESETS",
@@ -30,6 +38,8 @@ __all__ = [
     "BartModel",
     "BartPreTrainedModel",
     "MODEL_CLASSES",
+    "MODERNBERT_CLASSES",
+    "MODERNBERT_PRESETS",
     "PRESETS",
     "BertConfig",
     "BertForMaskedLM",
@@ -45,6 +55,15 @@ __all__ = [
     "ClassifierOutput",
     "LoadReport",
     "MaskedLMOutput",
+    "ModernBertConfig",
+    "ModernBertForMaskedLM",
+    "ModernBertForMultipleChoice",
+    "ModernBertForQuestionAnswering",
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
+    "ModernBertModel",
+    "ModernBertModelOutput",
+    "ModernBertPreTrainedModel",
     "PreTrainedModel",
     "QuestionAnsweringOutput",
     "get_preset",

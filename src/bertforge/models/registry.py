@@ -109,7 +109,26 @@ BART = FamilySpec(
     },
     tokenizer="bpe", seq2seq=True, exportable=(), inputs=("input_ids", "attention_mask"))
 
-FAMILIES: tuple[FamilySpec, ...] = (BERT, BART)
+MODERNBERT = FamilySpec(
+    name="ModernBERT", model_types=("modernbert",),
+    config=Ref("bertforge.models.modernbert_config", "ModernBertConfig"),
+    heads={
+        "base": Ref("bertforge.models.modernbert", "ModernBertModel"),
+        # MLM without sentence pairs is ModernBERT's pretraining objective
+        "masked-lm": Ref("bertforge.models.modernbert_heads", "ModernBertForMaskedLM"),
+        "question-answering": Ref("bertforge.models.modernbert_heads",
+                                  "ModernBertForQuestionAnswering"),
+        "sequence-classification": Ref("bertforge.models.modernbert_heads",
+                                       "ModernBertForSequenceClassification"),
+        "token-classification": Ref("bertforge.models.modernbert_heads",
+                                    "ModernBertForTokenClassification"),
+        "multiple-choice": Ref("bertforge.models.modernbert_heads",
+                               "ModernBertForMultipleChoice"),
+    },
+    # exportable: none yet (ONNX export of the windowed, rotary model is untested)
+    tokenizer="bpe", seq2seq=False, exportable=(), inputs=("input_ids", "attention_mask"))
+
+FAMILIES: tuple[FamilySpec, ...] = (BERT, BART, MODERNBERT)
 
 
 def family_of_type(model_type: str | None, source: str = "config.json") -> FamilySpec:
@@ -167,6 +186,6 @@ def resolve_config(name_or_path: str | os.PathLike[str]) -> tuple[FamilySpec, An
     raise unknown_model(name, preset_names())
 
 
-__all__ = ["BART", "BERT", "FAMILIES", "HEAD_KINDS", "FamilySpec", "family_of_architecture",
-           "family_of_config", "family_of_type", "preset_family", "preset_names",
+__all__ = ["BART", "BERT", "FAMILIES", "HEAD_KINDS", "MODERNBERT", "FamilySpec",
+           "family_of_architecture", "family_of_config", "family_of_type", "preset_family", "preset_names",
            "resolve_config"]
