@@ -17,10 +17,13 @@ LARGE1 = RECIPES_DIR / "pretrain" / "bert-large-phase1.yaml"
 
 def test_lists_every_shipped_recipe() -> None:
     assert list_recipes("debug", "pretrain") == [
-        "debug/bart-tiny-cpu", "debug/tiny-cpu", "pretrain/bart-base-phase1",
-        "pretrain/bart-base-phase2", "pretrain/bart-large-phase1", "pretrain/bart-large-phase2",
-        "pretrain/bert-base-phase1", "pretrain/bert-base-phase2", "pretrain/bert-large-phase1",
-        "pretrain/bert-large-phase2", "pretrain/budget-cpu"]
+        "debug/bart-tiny-cpu", "debug/modernbert-tiny-cpu", "debug/tiny-cpu",
+        "pretrain/bart-base-phase1", "pretrain/bart-base-phase2", "pretrain/bart-large-phase1",
+        "pretrain/bart-large-phase2", "pretrain/bert-base-phase1", "pretrain/bert-base-phase2",
+        "pretrain/bert-large-phase1", "pretrain/bert-large-phase2", "pretrain/budget-cpu",
+        "pretrain/continue-mlm", "pretrain/modernbert-base-context",
+        "pretrain/modernbert-base-phase1", "pretrain/modernbert-large-context",
+        "pretrain/modernbert-large-phase1"]
     finetune = list_recipes("finetune")
     assert {f"finetune/glue-{t}" for t in GLUE} | {
         "finetune/squad-v1.1-bert-large", "finetune/squad-v1.1-bert-base",
@@ -42,7 +45,9 @@ def test_pretraining_recipes_load_and_divide_their_batch(name: str) -> None:
     from bertforge.config import PretrainConfig
     from bertforge.models.registry import resolve_config
 
-    cfg = load_config(PretrainConfig, resolve_recipe(name))
+    given = (["--model=bert-base-uncased", "--data.path=d"]  # the recipe leaves these to you
+             if name == "pretrain/continue-mlm" else [])
+    cfg = load_config(PretrainConfig, resolve_recipe(name), given)
     assert cfg.train.global_batch_size % cfg.train.micro_batch_size == 0
     family, config = resolve_config(cfg.model)
     assert config.num_parameters() > 0  # the model named is a known preset

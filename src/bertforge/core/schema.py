@@ -225,7 +225,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     (a nested dict of typed values, e.g. from the generated flags) and ``--key=value``
     overrides, in that order; the later of two settings of a key wins."""
     schema = OmegaConf.structured(cls)
-    for where, layer in _layers(cls, path, overrides, values):
+    layers = _layers(cls, path, overrides, values)
+    _check_left_to_user(layers)
+    for where, layer in layers:
         schema = _merge(cls, schema, layer, where)
     try:
         return OmegaConf.to_object(schema)  # runs every __post_init__
@@ -236,6 +238,25 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
             raise ConfigError(f"config key '{exc.full_key}' must be set"
                               f"{_how_to_set(str(exc.full_key))}") from None
         raise ConfigError(f"invalid config: {exc}") from None
+
+
+def _dotted(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix.rstrip("."): data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_dotted(value, f"{prefix}{key}."))
+    return out
+
+
+def _check_left_to_user(layers: list[tuple[str, Any]]) -> None:
+    """A key a recipe sets to ``???`` is the user's to give (OmegaConf's "missing" marker; a
+    merge would otherwise keep the default under it): ConfigError unless a later layer sets it."""
+    for i, (where, layer) in enumerate(layers):
+        for key, value in _dotted(layer).items():
+            if value == "???" and not any(key in _dotted(later) for _, later in layers[i + 1:]):
+                raise ConfigError(f"config key '{key}' must be set: {where} leaves it to you; "
+                                  f"give --{key}=VALUE")
 
 
 def flag(key: str) -> str:

@@ -103,8 +103,7 @@ class ClassificationTask(EncoderTask):
         return Encoded(self.batches(arrays))
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
-        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                       token_type_ids=batch["token_type_ids"]).logits
+        logits = model(**self.model_inputs(batch)).logits
         if not self.examples.facts["regression"]:
             return choice_loss(logits, batch)
         loss = F.mse_loss(logits.float().squeeze(-1), batch["labels"].float())

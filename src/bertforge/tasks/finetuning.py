@@ -99,10 +99,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 @torch.no_grad()
 def predict(model: nn.Module, features: SequenceFeatures, batch_size: int, info: DistInfo,
             autocast: Callable[[], ContextManager],
-            outputs: Callable[[Any, Batch], dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+            outputs: Callable[[Any, Batch], dict[str, torch.Tensor]],
+            inputs: Sequence[str] = SEQUENCE_KEYS) -> dict[str, np.ndarray]:
     """Run ``model`` over all features (ranks split them, every rank gets the gathered result).
 
-    ``outputs(model_output, batch)`` picks (B, ...) tensors to keep, padded to the feature width
+    ``inputs``: the batch keys the model takes (its family's). ``outputs(model_output, batch)``
+    picks (B, ...) tensors to keep, padded to the feature width
     where they have a sequence axis; results come back as numpy arrays in feature order.
     """
     model = unwrap(model)
@@ -115,7 +117,7 @@ def predict(model: nn.Module, features: SequenceFeatures, batch_size: int, info:
         # copy would overlap nothing and pinning would only add a host copy.
         batch = to_device(features.collate(share[start:start + batch_size]), info.device)
         with autocast():
-            out = model(**{k: batch[k] for k in SEQUENCE_KEYS})
+            out = model(**{k: batch[k] for k in inputs})
         for key, value in outputs(out, batch).items():
             parts.setdefault(key, []).append(value.float().cpu().numpy())
     mine = {k: np.concatenate(v) for k, v in parts.items()}
@@ -270,6 +272,11 @@ class FinetuneTask(ABC):
     def model_overrides(self) -> dict[str, Any]:
         return {}
 
+    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The batch's model inputs the model's family takes (BERT's token types; ModernBERT
+        has none)."""
+        return {k: batch[k] for k in self.source.family.inputs}
+
     def prediction_rows(self, outputs: dict[str, Any]) -> list[dict]:
         """One JSON object per evaluation example for ``prediction_file`` (JSON Lines); a task
         with another output format overrides ``write_predictions`` instead."""
@@ -364,7 +371,7 @@ class EncoderTask(FinetuneTask):
                 autocast: Callable[[], ContextManager]) -> dict[str, Any]:
         assert self.features.evaluation is not None
         return predict(model, self.features.evaluation.features, self.cfg.eval.batch_size,
-                       self.info, autocast, self.outputs)
+                       self.info, autocast, self.outputs, self.source.family.inputs)
 
 
 __all__ = ["EncoderTask", "Encoded", "Examples", "Features", "FinetuneTask", "RESULTS_FILE",

@@ -20,12 +20,13 @@ from bertforge.tasks.stream import CorpusTask
 from bertforge.train.flops import batch_train_flops
 
 
-def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
+def pretraining_loss(model: nn.Module, batch: Batch, token_types: bool = True) -> LossOutput:
     """MLM cross-entropy at the masked positions only (+ NSP/SOP when the batch has labels).
 
     The loader's batches say where the predicted tokens are (``mlm_positions``) and carry
     their ``TokenLayout``, so this loss and the model need no host-device sync; a batch without
-    them (e.g. made by hand) costs the syncs of finding them.
+    them (e.g. made by hand) costs the syncs of finding them. ``token_types``: the model takes
+    token type ids (BERT does, ModernBERT has none: its family's ``inputs`` say).
     """
     labels = batch["mlm_labels"]
     masked = batch.get("mlm_positions")            # (N,) flat positions, row-major
@@ -34,9 +35,10 @@ def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
         target = labels[masked]
     else:
         target = labels.reshape(-1).index_select(0, masked)  # (N,) in the head's order
-    out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"], masked_positions=masked,
-                position_ids=batch.get("position_ids"), layout=layout_from_batch(batch))
+    types = {"token_type_ids": batch["token_type_ids"]} if token_types else {}
+    out = model(batch["input_ids"], attention_mask=batch["attention_mask"], **types,
+                masked_positions=masked, position_ids=batch.get("position_ids"),
+                layout=layout_from_batch(batch))
     logits = getattr(out, "mlm_logits", None)
     logits = (out.logits if logits is None else logits).float()   # (N, V), N = masked tokens
     mlm_loss = F.cross_entropy(logits, target)
@@ -70,18 +72,22 @@ class PretrainTask(CorpusTask):
                               "or choose a BERT model")
 
     def fresh_config(self) -> dict[str, Any]:
-        """Vocabulary size, casing and [PAD] id of the prepared data (those it records)."""
-        data = self.data
+        """Vocabulary size, casing and special ids of the prepared data (those it records; the
+        model family's config takes the fields it has)."""
+        data, ids = self.data, self.data.special_ids
         return {k: v for k, v in (("vocab_size", data.vocab_size),
                                   ("do_lower_case", data.do_lower_case),
-                                  ("pad_token_id", data.pad_id)) if v is not None}
+                                  ("pad_token_id", data.pad_id),
+                                  ("cls_token_id", ids.get("cls")), ("bos_token_id", ids.get("cls")),
+                                  ("sep_token_id", ids.get("sep")), ("eos_token_id", ids.get("sep")))
+                if v is not None}
 
     def model_head(self) -> str:
         """MLM + NSP/SOP, or MLM only when the data has no sentence pairs."""
         return "pretraining" if self.data.has_pairs else "masked-lm"
 
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
-        return pretraining_loss(model, batch)
+        return pretraining_loss(model, batch, "token_type_ids" in self.source.family.inputs)
 
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return batch_train_flops(model.config, batch["attention_mask"],

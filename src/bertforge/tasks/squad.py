@@ -61,8 +61,7 @@ class SquadTask(EncoderTask):
         return Encoded(self.batches(arrays), alignment=None if training else qa)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
-        out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                    token_type_ids=batch["token_type_ids"])
+        out = model(**self.model_inputs(batch))
         start = F.cross_entropy(out.start_logits.float(), batch["start_positions"])
         end = F.cross_entropy(out.end_logits.float(), batch["end_positions"])
         loss = (start + end) / 2

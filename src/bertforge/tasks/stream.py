@@ -154,7 +154,10 @@ class CorpusTask(ABC):
         ``model`` and the data; weights must have the data's vocabulary."""
         source = self.source if resume_from is None else weights_source(self.cfg, resume_from)
         if source.directory is None:
-            source = source.replace(**self.fresh_config())
+            # The fields the family's config has (BERT's casing, ModernBERT's [CLS]/[SEP] ids).
+            known = {f.name for f in dataclasses.fields(source.config)}
+            source = source.replace(**{k: v for k, v in self.fresh_config().items()
+                                       if k in known})
         else:
             if resume_from is None:
                 verify_model_files(source.directory)

@@ -40,8 +40,7 @@ class MultipleChoiceTask(EncoderTask):
         return Encoded(self.batches(arrays))
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
-        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                       token_type_ids=batch["token_type_ids"]).logits  # (B, C)
+        logits = model(**self.model_inputs(batch)).logits  # (B, C)
         return choice_loss(logits, batch)
 
     def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:

@@ -71,8 +71,7 @@ class TokenClassificationTask(EncoderTask):
         return Encoded(self.batches(arrays), alignment=None if training else starts)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
-        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                       token_type_ids=batch["token_type_ids"]).logits.float()  # (B, S, L)
+        logits = model(**self.model_inputs(batch)).logits.float()  # (B, S, L)
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
                                ignore_index=IGNORE_INDEX)
         return LossOutput(loss, {"loss": loss.detach()}, sequences=int(logits.shape[0]),

@@ -83,8 +83,14 @@ class PretrainData:
         return self.prepared.manifest.get("do_lower_case")
 
     @property
+    def special_ids(self) -> dict[str, int]:
+        """The prepared data's special token ids by name (pad, cls, sep, mask, unk); empty for
+        hdf5 data."""
+        return dict(self.prepared.manifest.get("special_ids", {}))
+
+    @property
     def pad_id(self) -> int | None:
-        return self.prepared.manifest.get("special_ids", {}).get("pad")
+        return self.special_ids.get("pad")
 
     @property
     def max_seq_length(self) -> int | None:
