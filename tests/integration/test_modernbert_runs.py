@@ -162,3 +162,22 @@ def test_fine_tuning_every_encoder_task_and_its_pipeline(task, pretrained, tmp_p
         assert label["label"] in ("0", "1")
     elif task == "conll":
         assert isinstance(load_pipeline(out)("Ada worked in London"), (list, dict))
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_train_as_one_process_with_accumulation(parallel, data, pretrained, tmp_path,
+                                                          child_env, run_metrics) -> None:
+    """DDP and FSDP2 on two gloo ranks (one micro-batch of 4 each) against the single-process
+    run of the module (two micro-batches of 4): the same weights up to float-addition order."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ranks import assert_lines_close, assert_weights_close, torchrun
+
+    out = tmp_path / parallel
+    torchrun(["--config", TINY, f"--data.path={data}", f"--output_dir={out}", *SMALL_RUN,
+              "--train.micro_batch_size=4", "--train.max_steps=4", "--checkpoint.every=2",
+              "--checkpoint.keep=0", *(["--train.fsdp=true"] if parallel == "fsdp" else [])],
+             child_env, tmp_path)
+    assert_weights_close(out / "checkpoint-4", pretrained / "checkpoint-4")
+    assert_lines_close(run_metrics(out), run_metrics(pretrained))
