@@ -2,16 +2,18 @@
 
 A model family lists the head kinds it exports (``bertforge.models.registry.FamilySpec.
 exportable``) and the task of each head kind records its signature
-(``bertforge.tasks.registry.Export``): every exported encoder graph takes ``input_ids``,
-``attention_mask`` and ``token_type_ids`` ((batch, sequence) int64) and returns the fields of the
+(``bertforge.tasks.registry.Export``): every exported encoder graph takes its family's inputs
+(``FamilySpec.inputs``, each (batch, sequence) int64: ``input_ids``, ``attention_mask`` and,
+for BERT, ``token_type_ids``; ModernBERT has no token types) and returns the fields of the
 head's output dataclass, in field order and under the field names (``start_logits``/
 ``end_logits``, ``logits``, ``last_hidden_state``/``pooler_output``). Naming outputs after the
 dataclass fields lets ``OnnxModel`` rebuild the very object the PyTorch head returns, so code
 written against a PyTorch model runs unchanged on onnxruntime.
 
-Not exported: pretraining heads (training-only), multiple choice (its (batch, choices, sequence)
-inputs need another signature) and BART (generation would need a decoder with a key/value cache
-as a second graph).
+Exported families: BERT and ModernBERT (base, masked LM, question answering, sequence and token
+classification). Not exported: pretraining heads (training-only), multiple choice (its (batch,
+choices, sequence) inputs need another signature) and BART (generation would need a decoder
+with a key/value cache as a second graph).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from bertforge.models.registry import FAMILIES, family_of_architecture
 from bertforge.tasks.registry import ENCODER_INPUTS, TASKS, TaskSpec
 
 INPUT_NAMES = ENCODER_INPUTS
-"""Graph inputs, all (batch, sequence) int64."""
+"""BERT's graph inputs, all (batch, sequence) int64 (another family's: ``HeadSpec.inputs``)."""
 
 SEQUENCE = -1
 """The sequence axis in ``HeadSpec.output_dims`` (Triton's notation for a variable dimension)."""
@@ -41,6 +43,13 @@ class HeadSpec:
     head: str
     """Head kind (``bertforge.models.registry.HEAD_KINDS``)."""
     task: TaskSpec
+    inputs: tuple[str, ...] = INPUT_NAMES
+    """Graph inputs, in order, each (batch, sequence) int64: the family's ``FamilySpec.inputs``."""
+    family: str = "BERT"
+    """``FamilySpec.name`` of the model class."""
+    omitted: tuple[str, ...] = ()
+    """Fields of ``output_type`` this class always leaves None (ModernBERT has no pooler): not
+    graph outputs, and None in the object ``OnnxModel`` rebuilds."""
 
     @property
     def output_type(self) -> type:
@@ -50,12 +59,17 @@ class HeadSpec:
     @property
     def outputs(self) -> tuple[str, ...]:
         """Field names of ``output_type``: the graph's output names, in order."""
-        return self.task.export.output_names
+        return tuple(n for n in self.task.export.output_names if n not in self.omitted)
 
     def output_dims(self, config: Any) -> dict[str, tuple[int, ...]]:
         """``{output name: shape without the batch axis}`` for a model of ``config``;
         ``SEQUENCE`` marks the sequence axis."""
-        return self.task.export.output_dims(config)
+        return {k: v for k, v in self.task.export.output_dims(config).items()
+                if k not in self.omitted}
+
+
+_NO_POOLER = {"ModernBERT": ("pooler_output",)}
+"""Family -> outputs its bare encoder leaves None (``HeadSpec.omitted`` of its base head)."""
 
 
 def _heads() -> dict[str, HeadSpec]:
@@ -63,12 +77,16 @@ def _heads() -> dict[str, HeadSpec]:
     for family in FAMILIES:
         for head in family.exportable:
             task = next(t for t in TASKS if t.head == head and t.export is not None)
-            out[family.heads[head].name] = HeadSpec(family.heads[head].name, head, task)
+            name = family.heads[head].name
+            omitted = _NO_POOLER.get(family.name, ()) if head == "base" else ()
+            out[name] = HeadSpec(name, head, task, family.inputs, family.name, omitted)
     return out
 
 
-HEADS: dict[str, HeadSpec] = _heads()
-"""Architecture -> signature of every exportable model class."""
+EXPORTABLE: dict[str, HeadSpec] = _heads()
+"""Architecture -> signature of every exportable model class, of every family."""
+HEADS: dict[str, HeadSpec] = {k: v for k, v in EXPORTABLE.items() if v.family == "BERT"}
+"""The BERT family's part of ``EXPORTABLE`` (BERT's classes, as this name has always held)."""
 
 
 def resolve_head(model_dir: str | os.PathLike[str],
@@ -80,17 +98,17 @@ def resolve_head(model_dir: str | os.PathLike[str],
     source = open_model(path, key.lstrip("-"))
     if not source.family.exportable:
         raise ConfigError(f"{key} {path} is a {source.family.name} model; ONNX export covers "
-                          f"the heads {', '.join(HEADS)} only")
+                          f"the heads {', '.join(EXPORTABLE)} only")
     names = source.config.architectures or []
     if not names:
         raise ConfigError(f"{path}/config.json has no 'architectures' entry, so the head to "
                           f"export is unknown; add e.g. \"architectures\": "
-                          f"[\"BertForQuestionAnswering\"] (one of {', '.join(HEADS)})")
+                          f"[\"BertForQuestionAnswering\"] (one of {', '.join(EXPORTABLE)})")
     found = family_of_architecture(names[0])
-    if names[0] not in HEADS or found is None or found[0] is not source.family:
+    if names[0] not in EXPORTABLE or found is None or found[0] is not source.family:
         raise ConfigError(f"{path}/config.json architecture {names[0]} cannot be exported to "
-                          f"ONNX; supported: {', '.join(HEADS)}")
-    return HEADS[names[0]], source
+                          f"ONNX; supported: {', '.join(EXPORTABLE)}")
+    return EXPORTABLE[names[0]], source
 
 
-__all__ = ["HEADS", "INPUT_NAMES", "SEQUENCE", "HeadSpec", "resolve_head"]
+__all__ = ["EXPORTABLE", "HEADS", "INPUT_NAMES", "SEQUENCE", "HeadSpec", "resolve_head"]

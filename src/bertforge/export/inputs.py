@@ -2,7 +2,9 @@
 
 Synthetic batches always run (batch sizes 1 and 3, two sequence lengths, rows padded to
 different lengths, both segments), so every export proves its batch and sequence axes are
-really dynamic and that padding is masked the same way in both runtimes. A sample file adds
+really dynamic and that padding is masked the same way in both runtimes. For a model with a
+sliding window (ModernBERT's local layers, ``config.window``) the short length is within the
+window and the long one several windows wide, so both sides of the window are checked. A sample file adds
 real text, encoded exactly as fine-tuning and prediction encode it (question answering through
 ``qa_features``' windows, other heads through ``encode_windows``), so the int8 accuracy change
 is measured on inputs like the ones the model will see.
@@ -22,10 +24,11 @@ import numpy as np
 from bertforge.data.finetuning.squad import QAExample, QAFeatures, qa_features
 from bertforge.errors import DataError
 from bertforge.models.config import BertConfig
-from bertforge.tokenization import BertTokenizer, Window
+from bertforge.tokenization import EncoderTokenizer, Window
 
 Batch = dict[str, np.ndarray]
-"""``input_ids``/``attention_mask``/``token_type_ids``, each (B, S) int64."""
+"""``input_ids``/``attention_mask`` (and BERT's ``token_type_ids``), each (B, S) int64."""
+ALL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 MAX_SAMPLE_EXAMPLES = 512
 """Lines of a sample file used at most (the accuracy check must stay quick)."""
@@ -44,13 +47,25 @@ class EncodedSample:
     """Question answering only: the windows ``inputs`` holds (N rows)."""
 
 
-def synthetic_batches(config: BertConfig, pad_id: int, special_ids: int = 5) -> list[Batch]:
-    """Four padded batches, (1, short), (3, short), (1, long), (3, long): random ids above the
-    special tokens, the second segment on the last third of each row, rows of a 3-row batch
-    holding all, two thirds and one third of the length. Deterministic (seed 0)."""
+def _lengths(config: BertConfig) -> tuple[int, int]:
+    """(short, long) sequence lengths: 11 and 48, or for a model with a sliding window of
+    ``window`` tokens each side, at most ``window`` and at least ``3 * window`` (all within
+    ``max_position_embeddings``)."""
+    limit = config.max_position_embeddings
+    window = getattr(config, "window", None)  # ModernBERT: half width of its local layers
+    long = min(48 if window is None else max(48, 3 * window), limit)
+    short = min(11 if window is None else max(2, min(11, window)), long - 1)
+    return short, long
+
+
+def synthetic_batches(config: BertConfig, pad_id: int, special_ids: int = 5,
+                      names: tuple[str, ...] = ALL_INPUTS) -> list[Batch]:
+    """Four padded batches, (1, short), (3, short), (1, long), (3, long) (lengths:
+    ``_lengths``): random ids above the special tokens, the second segment on the last third of
+    each row, rows of a 3-row batch holding all, two thirds and one third of the length.
+    Deterministic (seed 0). ``names``: the model's inputs (the others are left out)."""
     rng = np.random.default_rng(0)
-    long = min(48, config.max_position_embeddings)
-    short = min(11, long - 1)
+    short, long = _lengths(config)
     batches = []
     for length in (short, long):
         for size in (1, 3):
@@ -61,8 +76,8 @@ def synthetic_batches(config: BertConfig, pad_id: int, special_ids: int = 5) -> 
                 real = max(2, length * (size - row) // size)
                 ids[row, real:], mask[row, real:] = pad_id, 0
             types[:, 2 * length // 3:] = 1
-            batches.append({"input_ids": ids, "attention_mask": mask,
-                            "token_type_ids": types * mask})
+            batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types * mask}
+            batches.append({n: batch[n] for n in names})
     return batches
 
 
@@ -91,9 +106,11 @@ def read_sample(path: str | os.PathLike[str], needs_pairs: bool) -> list[tuple[s
     return rows
 
 
-def encode_sample(rows: list[tuple[str, str | None]], tokenizer: BertTokenizer,
-                  config: BertConfig, question_answering: bool) -> EncodedSample:
-    """The sample's model inputs, padded to the longest row (QA: to the window length)."""
+def encode_sample(rows: list[tuple[str, str | None]], tokenizer: EncoderTokenizer,
+                  config: BertConfig, question_answering: bool,
+                  names: tuple[str, ...] = ALL_INPUTS) -> EncodedSample:
+    """The sample's model inputs ``names``, padded to the longest row (QA: to the window
+    length)."""
     limit = min(SAMPLE_MAX_LENGTH, config.max_position_embeddings)
     if question_answering:
         examples = [QAExample(id=str(i), question=q, context=c or "", answers=[])
@@ -103,13 +120,14 @@ def encode_sample(rows: list[tuple[str, str | None]], tokenizer: BertTokenizer,
                                max_query_length=min(64, limit // 2), training=False)
         inputs = {"input_ids": features.input_ids, "attention_mask": features.attention_mask,
                   "token_type_ids": features.token_type_ids}
-        return EncodedSample(inputs, examples, features)
+        return EncodedSample({n: inputs[n] for n in names}, examples, features)
     windows = _windows(rows, tokenizer, limit)
     width = max(len(w.ids) for w in windows)
-    return EncodedSample(tokenizer.pad_windows(windows, width))
+    padded = tokenizer.pad_windows(windows, width)
+    return EncodedSample({n: padded[n] for n in names})
 
 
-def _windows(rows: list[tuple[str, str | None]], tokenizer: BertTokenizer,
+def _windows(rows: list[tuple[str, str | None]], tokenizer: EncoderTokenizer,
              limit: int) -> list[Window]:
     """One truncated window per sample line, in line order (single texts and pairs may mix)."""
     singles = [i for i, (_, s) in enumerate(rows) if s is None]
@@ -138,5 +156,5 @@ def sample_batches(inputs: Batch, batch_size: int) -> list[Batch]:
     return [trimmed(inputs, slice(i, i + batch_size)) for i in range(0, n, batch_size)]
 
 
-__all__ = ["Batch", "EncodedSample", "MAX_SAMPLE_EXAMPLES", "encode_sample", "read_sample",
+__all__ = ["ALL_INPUTS", "Batch", "EncodedSample", "MAX_SAMPLE_EXAMPLES", "encode_sample", "read_sample",
            "sample_batches", "synthetic_batches", "trimmed"]

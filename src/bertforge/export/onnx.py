@@ -1,8 +1,9 @@
-"""``bertforge export onnx``: a BERT task model as an ONNX graph, checked against PyTorch.
+"""``bertforge export onnx``: a BERT or ModernBERT task model as an ONNX graph, checked against
+PyTorch.
 
 The output directory is self-contained for runtimes without PyTorch: ``model.onnx`` (inputs
-``input_ids``/``attention_mask``/``token_type_ids``, (batch, sequence) int64, both axes dynamic;
-outputs named after the head's fields, see ``bertforge.export.heads``), ``config.json`` (labels,
+the family's: ``input_ids``/``attention_mask``, plus ``token_type_ids`` for BERT, (batch,
+sequence) int64, both axes dynamic; outputs named after the head's fields, see ``bertforge.export.heads``), ``config.json`` (labels,
 task), the tokenizer files, ``generation_config.json`` / ``config.yaml`` when the model has
 them, optionally ``model.int8.onnx`` and a Triton model repository, and ``export.json``
 recording the exporter, opset, versions, parity and quantization numbers.
@@ -12,6 +13,9 @@ Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export) is tried first; when
 instead, and export.json says which ran and why. The tracer records one path through Python
 control flow; our encoder branches on whether the batch has padding, so it is traced with a
 padded batch, whose path (an explicit attention mask) is also correct for unpadded input.
+ModernBERT is exported in its ``traceable`` mode (``bertforge.models.modernbert``): padded rows
+with the local layers' band mask built on every call, with no shortcut that tests the length
+against the sliding window, so the graph is right for sequences shorter and longer than it.
 
 Parity bound: every export runs PyTorch and onnxruntime (CPUExecutionProvider) on the same
 padded batches (``bertforge.export.inputs``) and fails when any output differs by more than
@@ -35,7 +39,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import ConfigError, RunError
-from bertforge.export.heads import INPUT_NAMES, SEQUENCE, HeadSpec, resolve_head
+from bertforge.export.heads import SEQUENCE, HeadSpec, resolve_head
 from bertforge.export.inputs import (Batch, EncodedSample, encode_sample, read_sample,
                                      synthetic_batches, trimmed)
 from bertforge.export.quantize import QuantizationReport, compare_int8, quantize_int8
@@ -55,14 +59,26 @@ class _TupleOutputs(nn.Module):
     """The model with its output dataclass flattened to a tuple in ``spec.outputs`` order
     (exporters take tensors and tuples, not dataclasses)."""
 
-    def __init__(self, model: nn.Module, outputs: tuple[str, ...]) -> None:
+    def __init__(self, model: nn.Module, outputs: tuple[str, ...],
+                 inputs: tuple[str, ...]) -> None:
         super().__init__()
-        self.model, self.outputs = model, outputs
+        self.model, self.outputs, self.inputs = model, outputs, inputs
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(input_ids, attention_mask, token_type_ids)
+                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        # The family's inputs (HeadSpec.inputs) in the order of its model's forward; a family
+        # without token types is called with two.
+        extra = () if token_type_ids is None else (token_type_ids,)
+        out = self.model(input_ids, attention_mask, *extra)
         return tuple(getattr(out, name) for name in self.outputs)
+
+
+def _traceable(model: nn.Module) -> nn.Module:
+    """``model`` with every submodule that has an export mode (``traceable``) switched to it."""
+    for module in model.modules():
+        if hasattr(module, "traceable"):
+            module.traceable = True
+    return model
 
 
 @dataclass
@@ -107,16 +123,18 @@ def _export_dynamo(wrapper: nn.Module, example: tuple[torch.Tensor, ...], path: 
                    opset: int, max_len: int) -> None:
     from torch.export import Dim
 
+    names = wrapper.inputs
     batch, seq = Dim("batch"), Dim("sequence", max=max_len)
     torch.onnx.export(wrapper, example, str(path), dynamo=True, opset_version=opset,
-                      input_names=list(INPUT_NAMES), output_names=list(wrapper.outputs),
-                      dynamic_shapes={n: {0: batch, 1: seq} for n in INPUT_NAMES},
+                      input_names=list(names), output_names=list(wrapper.outputs),
+                      dynamic_shapes={n: {0: batch, 1: seq} for n in names},
                       external_data=False)
 
 
 def _export_torchscript(wrapper: nn.Module, example: tuple[torch.Tensor, ...], path: Path,
                         opset: int, output_dims: dict[str, tuple[int, ...]]) -> None:
-    axes = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES}
+    names = wrapper.inputs
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
     for name, dims in output_dims.items():
         axes[name] = {0: "batch", **{i + 1: "sequence" for i, d in enumerate(dims) if d == SEQUENCE}}
     with warnings.catch_warnings():
@@ -124,13 +142,13 @@ def _export_torchscript(wrapper: nn.Module, example: tuple[torch.Tensor, ...], p
         # the parity check, on other shapes and paddings, is the proof that the trace is general.
         warnings.simplefilter("ignore")
         torch.onnx.export(wrapper, example, str(path), dynamo=False, opset_version=opset,
-                          input_names=list(INPUT_NAMES), output_names=list(wrapper.outputs),
+                          input_names=list(names), output_names=list(wrapper.outputs),
                           dynamic_axes=axes, do_constant_folding=True)
 
 
-def _torch_outputs(wrapper: nn.Module, batch: Batch) -> list[np.ndarray]:
+def _torch_outputs(wrapper: nn.Module, batch: Batch, names: tuple[str, ...]) -> list[np.ndarray]:
     with torch.no_grad():
-        out = wrapper(*(torch.from_numpy(batch[n]) for n in INPUT_NAMES))
+        out = wrapper(*(torch.from_numpy(batch[n]) for n in names))
     return [t.float().numpy() for t in out]
 
 
@@ -138,8 +156,8 @@ def parity(wrapper: nn.Module, session: Any, spec: HeadSpec, batches: list[Batch
     """Largest |PyTorch - onnxruntime| per output over ``batches`` (all positions compared)."""
     worst = dict.fromkeys(spec.outputs, 0.0)
     for batch in batches:
-        ours = _torch_outputs(wrapper, batch)
-        theirs = session.run(list(spec.outputs), batch)
+        ours = _torch_outputs(wrapper, batch, spec.inputs)
+        theirs = session.run(list(spec.outputs), {n: batch[n] for n in spec.inputs})
         for name, a, b in zip(spec.outputs, ours, theirs):
             if a.shape != b.shape:
                 raise RunError(f"onnxruntime output {name} has shape {b.shape}, PyTorch "
@@ -196,7 +214,7 @@ def export_onnx(model_dir: str | os.PathLike[str], output_dir: str | os.PathLike
                 sample: str | os.PathLike[str] | None = None, triton: bool = False,
                 atol: float = DEFAULT_ATOL, exporter: str = "auto",
                 triton_max_batch_size: int = 64) -> ExportReport:
-    """Export a BERT model directory to ONNX in ``output_dir`` (layout in the module docstring).
+    """Export a BERT or ModernBERT model directory to ONNX in ``output_dir`` (layout in the module docstring).
 
     Args:
         model_dir: a model directory with config.json, weights and tokenizer files.
@@ -232,7 +250,7 @@ def _export_locked(model_dir: Path, output: Path, *, opset: int, quantize: str |
                    exporter: str, triton_max_batch_size: int) -> ExportReport:
     """:func:`export_onnx` under its output lock."""
     from bertforge.models.loading import load_model
-    from bertforge.tokenization import BertTokenizer, load_tokenizer
+    from bertforge.tokenization import EncoderTokenizer, load_tokenizer
 
     _check_arguments(quantize, opset, exporter, atol)
     spec, source = resolve_head(model_dir)
@@ -240,20 +258,22 @@ def _export_locked(model_dir: Path, output: Path, *, opset: int, quantize: str |
     config = source.config
     _check_output(output)
     tokenizer = load_tokenizer(model_dir)
-    if not isinstance(tokenizer, BertTokenizer):
-        raise ConfigError(f"--model {model_dir} has a BPE tokenizer; BERT exports need WordPiece")
+    if not isinstance(tokenizer, EncoderTokenizer):
+        raise ConfigError(f"--model {model_dir} has a {type(tokenizer).__name__}, not an "
+                          "encoder's tokenizer (WordPiece, or ModernBERT's BPE)")
     encoded: EncodedSample | None = None
     if sample is not None:
         qa = spec.task.name == "question-answering"
-        encoded = encode_sample(read_sample(sample, needs_pairs=qa), tokenizer, config, qa)
+        encoded = encode_sample(read_sample(sample, needs_pairs=qa), tokenizer, config, qa,
+                                spec.inputs)
 
-    model = load_model(source, spec.head)  # verified: every weight present, finite
-    wrapper = _TupleOutputs(model, spec.outputs).eval()
-    batches = synthetic_batches(config, tokenizer.pad_id)
+    model = _traceable(load_model(source, spec.head))  # verified: every weight present, finite
+    wrapper = _TupleOutputs(model, spec.outputs, spec.inputs).eval()
+    batches = synthetic_batches(config, tokenizer.pad_id, names=spec.inputs)
     if encoded is not None:
         first = {k: v[:_SAMPLE_PARITY_ROWS] for k, v in encoded.inputs.items()}
         batches += [trimmed(first, slice(0, 1)), trimmed(first, slice(0, _SAMPLE_PARITY_ROWS))]
-    example = tuple(torch.from_numpy(batches[1][n]) for n in INPUT_NAMES)  # (3, S), padded rows
+    example = tuple(torch.from_numpy(batches[1][n]) for n in spec.inputs)  # (3, S), padded rows
 
     output.parent.mkdir(parents=True, exist_ok=True)
     work = temp_name(output)
@@ -318,7 +338,7 @@ def _check_arguments(quantize: str | None, opset: int, exporter: str, atol: floa
 
 def _stack(batches: list[Batch]) -> Batch:
     """Batches of one width stacked into one (N, S) set of rows."""
-    return {n: np.concatenate([b[n] for b in batches]) for n in INPUT_NAMES}
+    return {n: np.concatenate([b[n] for b in batches]) for n in batches[0]}
 
 
 def _model_name(output: Path) -> str:
@@ -339,7 +359,7 @@ def _export_json(report: ExportReport, spec: HeadSpec, config: Any, model_dir: P
         "exporter": report.exporter,
         "exporter_note": report.exporter_note,
         "opset": report.opset,
-        "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUT_NAMES},
+        "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in spec.inputs},
         "outputs": {n: {"dtype": "float32", "shape": ["batch", *("sequence" if d == SEQUENCE else d
                                                                  for d in dims)]}
                     for n, dims in spec.output_dims(config).items()},

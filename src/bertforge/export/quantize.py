@@ -90,7 +90,8 @@ def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
 
 
 def _run(session: Any, spec: HeadSpec, batch: Batch) -> dict[str, np.ndarray]:
-    return dict(zip(spec.outputs, session.run(list(spec.outputs), batch)))
+    feeds = {n: batch[n] for n in spec.inputs}
+    return dict(zip(spec.outputs, session.run(list(spec.outputs), feeds)))
 
 
 def _positions(name: str, value: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -6,8 +6,10 @@ contract (same dataclass, torch tensors) and adds the few ``nn.Module`` members 
 touches (``config``, ``eval()``, ``to()``, ``training``), so a pipeline or the server takes it
 in place of the PyTorch model without knowing the difference.
 
-Supported heads: those of ``bertforge.export.heads.HEADS`` (BertModel, BertForMaskedLM,
-BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification).
+Supported heads: those of ``bertforge.export.heads.EXPORTABLE`` (BertModel, BertForMaskedLM,
+BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification and the
+ModernBERT classes of the same heads). Only the graph's inputs (its family's,
+``HeadSpec.inputs``) are fed: ModernBERT takes no ``token_type_ids``, and any given are ignored.
 
 Where it runs: :func:`execution_providers` turns a ``--device`` value into onnxruntime execution
 providers, the one place that knows which device needs which provider and wheel. The model's
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 
 from bertforge.errors import CheckpointError, ConfigError, UserError
-from bertforge.export.heads import INPUT_NAMES, HeadSpec, resolve_head
+from bertforge.export.heads import EXPORTABLE, HeadSpec, resolve_head
 from bertforge.tasks.registry import SEQUENCE as SEQUENCE_AXIS
 
 log = logging.getLogger(__name__)
@@ -174,6 +176,11 @@ def check_output_shapes(session: Any, spec: HeadSpec, config: Any, file: Path,
                     "restore the config.json of the exported model)")
 
 
+def _masked_lm_names() -> str:
+    """The masked-LM architectures that export ("BertForMaskedLM and ModernBertForMaskedLM")."""
+    return " and ".join(n for n, s in EXPORTABLE.items() if s.head == "masked-lm")
+
+
 def _numpy(value: torch.Tensor | np.ndarray | Sequence) -> np.ndarray:
     """A (B, S) int64 array from a tensor (any device), an array or nested lists."""
     if isinstance(value, torch.Tensor):
@@ -235,22 +242,23 @@ class OnnxModel:
         """(B, S) inputs -> the head's output dataclass holding CPU float32 tensors.
 
         Missing ``attention_mask`` means no padding, missing ``token_type_ids`` one segment, as in
-        the PyTorch model. ``masked_positions`` ((B, S) bool, masked LM only) keeps the logits of
+        the PyTorch model; a family without token types (ModernBERT) ignores them. ``masked_positions`` ((B, S) bool, masked LM only) keeps the logits of
         those positions, (N, vocab), like ``BertForMaskedLM``.
         """
         ids = _numpy(input_ids)
         if ids.ndim != 2:
             raise ValueError(f"input_ids must be (batch, sequence), got shape {ids.shape}")
-        feeds = {
-            "input_ids": ids,
-            "attention_mask": np.ones_like(ids) if attention_mask is None else _numpy(attention_mask),
-            "token_type_ids": np.zeros_like(ids) if token_type_ids is None else _numpy(token_type_ids),
-        }
-        results = self.session.run(list(self.spec.outputs), {n: feeds[n] for n in INPUT_NAMES})
+        given = {"attention_mask": (attention_mask, np.ones_like),
+                 "token_type_ids": (token_type_ids, np.zeros_like)}
+        feeds = {"input_ids": ids}
+        for name in self.spec.inputs[1:]:  # the graph's inputs only (onnxruntime refuses others)
+            value, default = given[name]
+            feeds[name] = default(ids) if value is None else _numpy(value)
+        results = self.session.run(list(self.spec.outputs), feeds)
         fields = {name: torch.from_numpy(value) for name, value in zip(self.spec.outputs, results)}
         if masked_positions is not None:
             if self.spec.head != "masked-lm":
-                raise ValueError("masked_positions applies to BertForMaskedLM exports only")
+                raise ValueError(f"masked_positions applies to {_masked_lm_names()} exports only")
             fields["logits"] = fields["logits"][masked_positions.cpu()]
         return self._output_type(**fields)
 

@@ -126,7 +126,7 @@ def export_sentence_transformers(model_dir: str | os.PathLike[str],
                                  output_dir: str | os.PathLike[str], *,
                                  pooling: str | None = None,
                                  normalize: bool | None = None) -> list[str]:
-    """Write the encoder of a BERT model directory (any head: the head is left out) to a new
+    """Write the encoder of a BERT or ModernBERT model directory (any head: the head is left out) to a new
     ``output_dir`` that ``sentence_transformers.SentenceTransformer(output_dir)`` loads as it
     is. ``pooling`` (mean or cls) and ``normalize`` default to what ``model_dir`` was saved
     with (its own sentence-transformers files), else mean and no normalization.
@@ -161,22 +161,25 @@ def export_sentence_transformers(model_dir: str | os.PathLike[str],
 
 
 def _write_encoder(model_dir: Path, work: Path, pooling: str, normalize: bool) -> list[str]:
-    """The encoder of ``model_dir`` as a bare ``BertModel`` in ``work`` plus the
-    sentence-transformers files; ``ConfigError`` for what transformers cannot run as BERT."""
+    """The encoder of ``model_dir`` as a bare encoder (``BertModel``, ``ModernBertModel``) in
+    ``work`` plus the sentence-transformers files; ``ConfigError`` for what transformers cannot
+    run."""
     from bertforge.models.loading import load_model, open_model
-    from bertforge.tokenization import BertTokenizer, load_tokenizer
+    from bertforge.tokenization import EncoderTokenizer, load_tokenizer
 
     source = open_model(model_dir, "--model")
     config = source.config
     if source.family.seq2seq:
         raise ConfigError(f"--model {model_dir} is a {config.model_type} encoder-decoder; "
-                          "sentence-transformers would run its decoder: export BERT models")
+                          "sentence-transformers would run its decoder: export BERT or "
+                          "ModernBERT models")
     if getattr(config, "pre_layernorm", False):
         raise ConfigError(f"--model {model_dir} is a pre-LayerNorm BERT, which transformers "
                           "cannot load: export post-LN BERT models")
     tokenizer = load_tokenizer(model_dir)
-    if not isinstance(tokenizer, BertTokenizer):
-        raise ConfigError(f"--model {model_dir} has no WordPiece tokenizer")
+    if not isinstance(tokenizer, EncoderTokenizer):
+        raise ConfigError(f"--model {model_dir} has a {type(tokenizer).__name__}, not an "
+                          "encoder's tokenizer (WordPiece, or ModernBERT's BPE)")
     # A bare encoder: no head weights for sentence-transformers to report as unexpected, and no
     # fine-tuning task left in config.json (bertforge then reads it as a feature extractor).
     bare = source.replace(finetuning_task=None)

@@ -19,14 +19,18 @@ together (Triton batches only equal shapes), so clients that pad to a few fixed 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
-from bertforge.export.heads import INPUT_NAMES, SEQUENCE, HeadSpec
+from bertforge.export.heads import SEQUENCE, HeadSpec
 from bertforge.core.io import write_text_atomic
 from bertforge.models.config import BertConfig
 
+_CURL_DATA = {"input_ids": "[2, 1037, 2158, 3]", "attention_mask": "[1, 1, 1, 1]",
+              "token_type_ids": "[0, 0, 0, 0]"}
+"""Placeholder values of the README's request (the ids depend on the vocabulary)."""
 DEFAULT_QUEUE_DELAY_US = 500
 """Longest wait for more requests before a batch runs: 0.5 ms, small next to a BERT forward."""
 
@@ -46,7 +50,7 @@ def triton_config(name: str, spec: HeadSpec, config: BertConfig, *, max_batch_si
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     preferred = [b for b in (4, 8, 16, 32) if b <= max_batch_size]
-    inputs = ",\n".join(_tensor(n, "TYPE_INT64", (SEQUENCE,)) for n in INPUT_NAMES)
+    inputs = ",\n".join(_tensor(n, "TYPE_INT64", (SEQUENCE,)) for n in spec.inputs)
     outputs = ",\n".join(_tensor(n, "TYPE_FP32", dims)
                          for n, dims in spec.output_dims(config).items())
     lines = [
@@ -65,10 +69,14 @@ def triton_config(name: str, spec: HeadSpec, config: BertConfig, *, max_batch_si
 
 def _readme(name: str, spec: HeadSpec) -> str:
     first, outputs = spec.outputs[0], ", ".join(f"`{o}`" for o in spec.outputs)
+    inputs = ", ".join(f"`{n}`" for n in spec.inputs)
+    width = max(len(n) for n in spec.inputs) + 3
+    curl = ",\n".join(f'    {{"name": {json.dumps(n) + ",":<{width}} "shape": [1, 4], "datatype": '
+                       f'"INT64", "data": {_CURL_DATA[n]}}}' for n in spec.inputs)
     return f"""# Triton model repository: {name}
 
-Exported by `bertforge export onnx --triton` ({spec.architecture}). Inputs: `input_ids`,
-`attention_mask`, `token_type_ids` (int64, [batch, sequence]); outputs: {outputs}.
+Exported by `bertforge export onnx --triton` ({spec.architecture}). Inputs: {inputs}
+(int64, [batch, sequence]); outputs: {outputs}.
 Tokenize with the tokenizer files in the export directory (one level up), e.g.
 `bertforge.tokenization.load_tokenizer(DIR)`, and pad every row of a request to one length.
 
@@ -95,9 +103,7 @@ vocabulary).
 ```bash
 curl -s localhost:8000/v2/models/{name}/infer -H 'Content-Type: application/json' -d '{{
   "inputs": [
-    {{"name": "input_ids",      "shape": [1, 4], "datatype": "INT64", "data": [2, 1037, 2158, 3]}},
-    {{"name": "attention_mask", "shape": [1, 4], "datatype": "INT64", "data": [1, 1, 1, 1]}},
-    {{"name": "token_type_ids", "shape": [1, 4], "datatype": "INT64", "data": [0, 0, 0, 0]}}
+{curl}
   ],
   "outputs": [{{"name": "{first}"}}]
 }}'
@@ -114,7 +120,7 @@ tokenizer = load_tokenizer("..")  # the export directory
 batch = tokenizer.pad_windows(tokenizer.encode_windows(["Hello world"], max_length=128), 128)
 client = httpclient.InferenceServerClient("localhost:8000")
 inputs = []
-for name in ("input_ids", "attention_mask", "token_type_ids"):
+for name in {spec.inputs!r}:
     tensor = httpclient.InferInput(name, list(batch[name].shape), "INT64")
     tensor.set_data_from_numpy(batch[name].astype(np.int64))
     inputs.append(tensor)

@@ -182,6 +182,17 @@ class ModernBertEncoderLayer(nn.Module):
         return hidden + self.mlp(self.mlp_norm(hidden))
 
 
+def traceable_keep_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``ops.unpad.padding_keep_mask`` without its "nothing to mask" test (a device->host read
+    that a traced graph would freeze): (B, S) 1 = real token -> (B, 1, 1, S) bool, an all-padding
+    row keeping every key (finite, unused outputs)."""
+    if attention_mask is None:
+        return None
+    keep = attention_mask.bool()
+    keep = keep | ~keep.any(dim=-1, keepdim=True)
+    return keep[:, None, None, :]
+
+
 class ModernBertModelOutput(BertModelOutput):
     """Encoder outputs (``last_hidden_state``, ``select``, ``states``/``layout``: as
     ``BertModelOutput``); ``pooler_output`` is always None (ModernBERT has no pooler)."""
@@ -205,6 +216,12 @@ class ModernBertModel(ModernBertPreTrainedModel):
                                     for i in range(config.num_hidden_layers))
         self.final_norm = layer_norm(config)
         self.unpad = False
+        self.traceable = False
+        """Export mode (set from outside, ``bertforge.export``): padded rows, and the padding and
+        band masks built on every call without a branch on token values or on the length (no
+        "nothing is padded" or "no row is longer than the window" shortcuts), so that one traced
+        graph is right for every batch and sequence length. Same outputs as the default path at
+        real tokens (padding positions hold other unused values)."""
         self.gradient_checkpointing = False
         """Recompute each layer's activations in backward instead of storing them."""
         self.init_weights()
@@ -227,7 +244,11 @@ class ModernBertModel(ModernBertPreTrainedModel):
         the loader computed it (as ``BertModel``).
         """
         self.check_length(input_ids.shape[-1])
-        where = batch_layout(input_ids, attention_mask, position_ids, layout, unpad=self.unpad)
+        if self.traceable and position_ids is None:
+            where: Layout = RowLayout(traceable_keep_mask(attention_mask),
+                                      (input_ids.shape[0], input_ids.shape[-1]))
+        else:
+            where = batch_layout(input_ids, attention_mask, position_ids, layout, unpad=self.unpad)
         hidden = self.embeddings(where.enter(input_ids))             # (B, S, H) or (T, H)
         kinds = self._layer_inputs(where, hidden)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
@@ -248,7 +269,8 @@ class ModernBertModel(ModernBertPreTrainedModel):
         if positions is None:  # padded rows, not packed: a token's position is its column
             positions = torch.arange(where.shape[1], device=hidden.device)[None, :]
         if isinstance(where, RowLayout):
-            local: object = band_keep_mask(where.keep, where.shape[1], c.window)
+            local: object = band_keep_mask(where.keep, where.shape[1], c.window,
+                                           always=self.traceable)
         else:  # shared by every local layer: the blocked kernel's mask is made once
             local = WindowPlan(where, c.window)
         return {
@@ -259,4 +281,4 @@ class ModernBertModel(ModernBertPreTrainedModel):
 
 __all__ = ["ModernBertAttention", "ModernBertEmbeddings", "ModernBertEncoderLayer",
            "ModernBertMLP", "ModernBertModel", "ModernBertModelOutput",
-           "ModernBertPreTrainedModel", "activation", "layer_norm"]
+           "ModernBertPreTrainedModel", "activation", "layer_norm", "traceable_keep_mask"]

@@ -125,8 +125,12 @@ MODERNBERT = FamilySpec(
         "multiple-choice": Ref("bertforge.models.modernbert_heads",
                                "ModernBertForMultipleChoice"),
     },
-    # exportable: none yet (ONNX export of the windowed, rotary model is untested)
-    tokenizer="bpe", seq2seq=False, exportable=(), inputs=("input_ids", "attention_mask"))
+    # exportable: multiple choice is not (as for BERT); the graph runs the padded band-mask
+    # path (ModernBertModel.traceable), checked against PyTorch on both sides of the window
+    tokenizer="bpe", seq2seq=False,
+    exportable=("base", "masked-lm", "question-answering", "sequence-classification",
+                "token-classification"),
+    inputs=("input_ids", "attention_mask"))
 
 FAMILIES: tuple[FamilySpec, ...] = (BERT, BART, MODERNBERT)
 

@@ -40,20 +40,22 @@ from bertforge.ops.attention import (
 from bertforge.ops.unpad import TokenLayout
 
 
-def band_keep_mask(keep: torch.Tensor | None, seq_len: int, window: int) -> torch.Tensor | None:
+def band_keep_mask(keep: torch.Tensor | None, seq_len: int, window: int,
+                   always: bool = False) -> torch.Tensor | None:
     """The padded path's local-layer mask: ``keep`` ((B, 1, 1 or S, S) bool or None) and the
     band ``|i - j| <= window`` over the S columns -> (B or 1, 1, S, S) bool; ``keep`` itself
     when the band covers every pair. Every query also keeps itself, so a padding query far
     from any real token still has a key (finite, unused output) and real queries are unchanged
-    (they always see themselves)."""
-    if seq_len - 1 <= window:
+    (they always see themselves). ``always``: build the band even when it covers every pair
+    (a traced graph must not freeze that length test)."""
+    if seq_len - 1 <= window and not always:
         return keep
     cols = torch.arange(seq_len, device=keep.device if keep is not None else None)
-    band = (cols[:, None] - cols[None, :]).abs() <= window           # (S, S)
+    offsets = cols[:, None] - cols[None, :]                         # (S, S)
+    band = offsets.abs() <= window
     if keep is None:
         return band[None, None]
-    eye = torch.eye(seq_len, dtype=torch.bool, device=band.device)
-    return (keep & band) | eye
+    return (keep & band) | (offsets == 0)  # (not torch.eye: ONNX's EyeLike has no bool kernel)
 
 
 @dataclass
