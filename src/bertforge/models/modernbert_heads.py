@@ -98,8 +98,9 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         return MaskedLMOutput(logits=self.decoder(self.head(out.select(masked_positions))))
 
 
-class _PooledClassifier(ModernBertPreTrainedModel):
-    """Encoder + pooling (``classifier_pooling``) + prediction head + dropout + classifier."""
+class _Classifier(ModernBertPreTrainedModel):
+    """Encoder + prediction head + dropout + a linear classifier of ``outputs`` (transformers'
+    layout of every ModernBERT classifier)."""
 
     def __init__(self, config: ModernBertConfig, outputs: int) -> None:
         super().__init__()
@@ -109,6 +110,10 @@ class _PooledClassifier(ModernBertPreTrainedModel):
         self.drop = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, outputs)
         self.init_weights(skip_prefix="model")
+
+
+class _PooledClassifier(_Classifier):
+    """A classifier of each sequence, pooled as ``classifier_pooling`` says."""
 
     def scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                position_ids: torch.Tensor | None, layout: TokenLayout | None) -> torch.Tensor:
@@ -147,18 +152,9 @@ class ModernBertForMultipleChoice(_PooledClassifier):
         return ClassifierOutput(logits=scores.view(b, c))
 
 
-class _TokenHead(ModernBertPreTrainedModel):
-    """Encoder + prediction head + dropout + classifier at every token; logits padded once at
-    the end, (B, S, outputs) (zeros at padding after an unpadded pass)."""
-
-    def __init__(self, config: ModernBertConfig, outputs: int) -> None:
-        super().__init__()
-        self.config = config
-        self.model = ModernBertModel(config)
-        self.head = ModernBertPredictionHead(config)
-        self.drop = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, outputs)
-        self.init_weights(skip_prefix="model")
+class _TokenHead(_Classifier):
+    """A classifier at every token; logits padded once at the end, (B, S, outputs) (zeros at
+    padding after an unpadded pass)."""
 
     def token_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                      position_ids: torch.Tensor | None,
