@@ -96,8 +96,25 @@ def cpu_entries(quick: bool) -> list[Entry]:
               ["--mb", "2", "--workers", "1"] if quick else ["--mb", "16", "--workers", "1", "2"],
               "prepare"),
         Entry("loader", "loader_bench.py", ["--quick"] if quick else [], "loader"),
+        *modernbert_cpu_entries(quick),
     ]
     return entries
+
+
+def modernbert_cpu_entries(quick: bool) -> list[Entry]:
+    """Issue 22: ModernBERT MLM steps beside transformers on lengths 64..1024, a CPU-sized
+    shape (6 x 256) and the base shape (few steps: ~30 s a step on 2 cores for transformers);
+    both see the same batches (batch 4, the same seed)."""
+    small = (["--batch", "2", "--num-batches", "1", "--max-len", "512", "--rounds", "1",
+              "--variants", "bertforge", "hf"] if quick else ["--rounds", "6"])
+    base = (["--batch", "1", "--num-batches", "1", "--max-len", "256", "--rounds", "1",
+             "--variants", "bertforge", "hf"] if quick else
+            ["--num-batches", "2", "--rounds", "2", "--variants", "bertforge", "hf", "hf-sparse"])
+    return [Entry("modernbert-small", "modernbert_bench.py", small, "modernbert",
+                  note="6 layers x 256, lengths 64..1024, 30% masked"),
+            Entry("modernbert-base", "modernbert_bench.py",
+                  ["--preset", "modernbert-base", *base], "modernbert",
+                  note="modernbert-base shape, lengths 64..1024, 30% masked")]
 
 
 def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
@@ -132,6 +149,15 @@ def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
         entries.append(Entry("bart-large", "bart_bench.py",
                              ["--device", "cuda", "--precision", "bf16", "--preset",
                               "bart-large", "--batch", "32", "--gen-texts", "32"], "bart"))
+    entries.append(Entry("modernbert-base", "modernbert_bench.py",
+                         ["--device", "cuda", "--precision", "bf16", "--preset", "modernbert-base",
+                          "--batch", "32", "--num-batches", "4" if quick else "8",
+                          *(["--warmup", "2", "--rounds", "2", "--steps-per-round", "2",
+                             "--variants", "bertforge", "hf"] if quick else
+                            ["--warmup", "3", "--rounds", "8", "--steps-per-round", "4",
+                             "--variants", "bertforge", "bertforge-compiled", "hf",
+                             "hf-compiled"])],
+                         "modernbert", note="bf16, batch 32, lengths 64..1024, 30% masked"))
     entries.append(Entry("loader", "loader_bench.py", ["--quick"] if quick else [], "loader"))
     return entries
 
@@ -197,7 +223,20 @@ def headline(kind: str, r: dict) -> dict[str, Any]:
     """Rows (contestant, metric, bertforge, transformers, ratio) and facts from one result file."""
     return {"pretrain": _pretrain, "finetune": _finetune, "bart": _bart,
             "inference": _inference, "prepare": _prepare,
-            "loader": _loader}.get(kind, _generic)(r)
+            "loader": _loader, "modernbert": _modernbert}.get(kind, _generic)(r)
+
+
+def _modernbert(r: dict) -> dict[str, Any]:
+    res, ratios = r["results"], r.get("ratios", {})
+    rows = [{"contestant": name, "metric": "train tokens/s", "bertforge": v["tokens_per_s"],
+             "transformers": res.get("hf", {}).get("tokens_per_s"),
+             "ratio": ratios.get(f"{name}/hf_median_of_rounds"),
+             "tokens_per_s": v["tokens_per_s"], "model_tflops_per_s": v["model_tflops_per_s"],
+             "mfu": v.get("mfu"), "compile_seconds": v.get("warmup_seconds")
+             if name.endswith("-compiled") else None}
+            for name, v in res.items() if name.startswith("bertforge")]
+    return {"rows": rows, "lengths": r["batches"]["real_tokens_per_seq"],
+            "device": r.get("device"), "shape": r["model"]["shape"]}
 
 
 def _pretrain(r: dict) -> dict[str, Any]:
@@ -377,6 +416,27 @@ def goals(entries: list[Entry], device_kind: str, quick: bool) -> list[dict[str,
                                 f"{pct(b.get('mfu'))} on real tokens), hf "
                                 f"{h['hf']['seq_per_s']:.0f} seq/s, ratio {b['ratio']}x; real "
                                 f"tokens/seq {_lengths(h['lengths'])}{caveat}"})
+    return out + modernbert_goals(by_name, device_kind, caveat)
+
+
+def modernbert_goals(by_name: dict[str, dict], device_kind: str, caveat: str) -> list[dict]:
+    """Issue 22: bertforge's ModernBERT MLM step >= 1.5x transformers' on the CPU."""
+    out = []
+    for name in ("modernbert-small", "modernbert-base"):
+        goal = (f"CPU ModernBERT MLM train step >= 1.5x Hugging Face ({name} entry, "
+                "variable lengths, 30% masked)")
+        o = by_name.get(name) if device_kind == "cpu" else None
+        row = next((r for r in ((o or {}).get("headline") or {}).get("rows", [])
+                    if r["contestant"] == "bertforge"), None)
+        if row is None or row["ratio"] is None:
+            why = "a CPU suite run" if device_kind != "cpu" else \
+                "not run" if o is None else f"{o.get('status')}: {o.get('reason', 'no hf ratio')}"
+            out.append({"goal": goal, "status": "not measured", "evidence": why})
+            continue
+        out.append({"goal": goal, "status": "met" if row["ratio"] >= 1.5 else "not met",
+                    "evidence": f"bertforge {row['bertforge']:.0f} vs hf {row['transformers']:.0f} "
+                                f"tokens/s = {row['ratio']}x (median of per-round ratios); real "
+                                f"tokens/seq {_lengths(o['headline']['lengths'])}{caveat}"})
     return out
 
 
@@ -415,8 +475,8 @@ def write_markdown(path: Path, summary: dict[str, Any]) -> None:
     for e in summary["entries"]:
         h = e.get("headline") or {}
         for row in h.get("rows", []):
-            mfu = "-" if row.get("mfu") is None else \
-                f"{row['mfu']:.1%} / {row['mfu_full_length']:.1%}"
+            mfu = "-" if row.get("mfu") is None else f"{row['mfu']:.1%}" + (
+                "" if row.get("mfu_full_length") is None else f" / {row['mfu_full_length']:.1%}")
             lines.append(f"| {e['name']} | {row['contestant']} | {row['metric']} | "
                          f"{_fmt(row['bertforge'])} | {_fmt(row['transformers'])} | "
                          f"{_ratio(row['ratio'])} | {_fmt(row.get('tokens_per_s'))} | "
@@ -432,7 +492,7 @@ def write_markdown(path: Path, summary: dict[str, Any]) -> None:
         t = h["lengths"]
         lines.append(f"- {e['name']} ({h['shape']}, {e.get('note') or ''}): "
                      f"{t.get('mean')} / {t.get('min')} / {t.get('max')} on {h['device']}")
-    lines += ["", "## Goals (issue 11)", "", "| goal | status | evidence |", "|---|---|---|"]
+    lines += ["", "## Goals (issues 11 and 22)", "", "| goal | status | evidence |", "|---|---|---|"]
     lines += [f"| {g['goal']} | **{g['status']}** | {g['evidence']} |" for g in summary["goals"]]
     lines += ["", "## Entries", "", "| entry | status | seconds | command |", "|---|---|---|---|"]
     for e in summary["entries"]:
@@ -504,7 +564,7 @@ def main() -> int:
               f"{os.cpu_count()} cores: other jobs will distort the timings", flush=True)
     if args.threads:
         for entry in entries:
-            if entry.kind in ("pretrain", "finetune", "inference", "bart"):
+            if entry.kind in ("pretrain", "finetune", "inference", "bart", "modernbert"):
                 entry.args += ["--threads", str(args.threads)]
     t0 = time.perf_counter()
     for entry in entries:

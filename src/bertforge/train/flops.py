@@ -15,11 +15,21 @@ Encoder-decoder (BART), per pair of an S-token source and a T-token target, forw
                        counted, as is usual), cross-attention 4TD^2 (Q and output projections)
                        + 4SD^2 (K and V of the encoder output) + 4TSD, feed-forward 4TDF_dec;
   LM head at the P scored target positions: 2PDV.
+
+ModernBERT (``config.model_type == "modernbert"``), per sequence of S tokens, forward:
+  per layer: Wqkv 6SH^2 and Wo 2SH^2 (8SH^2, as BERT), GeGLU feed-forward Wi (H -> 2I) 4SHI and
+             Wo (I -> H) 2SHI (6SHI in all); attention 4H per (query, key) pair the layer
+             scores: S^2 pairs in a global layer, the pairs with |i - j| <= w in a
+             sliding-window layer (w = local_attention // 2: S(2w + 1) - w(w + 1) pairs once
+             S > w + 1, i.e. about 2w + 1 keys per query; S^2 when the window covers the
+             sequence);
+  MLM head at the P masked positions: dense 2PH^2 and decoder 2PHV (no pooler, no NSP).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -58,13 +68,54 @@ def bert_train_flops(*, layers: int, hidden: int, intermediate: int, vocab: int,
     return 3.0 * (encoder + heads)
 
 
+def window_pairs(seq_len: int, window: int) -> int:
+    """(query, key) pairs of one ``seq_len``-token sequence with ``|i - j| <= window``: what a
+    sliding-window layer scores (``seq_len ** 2`` when the window covers the sequence)."""
+    if seq_len - 1 <= window:
+        return seq_len * seq_len
+    # every query sees 2w + 1 keys, less the w(w + 1) / 2 cut off at each end of the sequence
+    return seq_len * (2 * window + 1) - window * (window + 1)
+
+
+def modernbert_train_flops(*, hidden: int, intermediate: int, vocab: int,
+                           global_layers: Sequence[bool], window: int, seq_len: int,
+                           predictions: float, windowed: bool = True) -> float:
+    """Training FLOPs (forward + backward) of one ModernBERT sequence of ``seq_len`` real
+    tokens with ``predictions`` MLM positions; ``global_layers``: per layer, whether it attends
+    globally. ``windowed=False`` counts the sliding-window layers as global (S^2 pairs: what a
+    dense masked kernel computes), for comparison."""
+    h, s = hidden, seq_len
+    dense = 8 * s * h * h + 6 * s * h * intermediate
+    local = window_pairs(s, window) if windowed else s * s
+    encoder = sum(dense + 4 * h * (s * s if is_global else local) for is_global in global_layers)
+    head = 2 * predictions * h * h + 2 * predictions * h * vocab
+    return 3.0 * (encoder + head)
+
+
+def sequence_flops(config, nsp: bool = False,
+                   windowed: bool = True) -> Callable[[int, float], float]:
+    """(real length, MLM predictions) -> training FLOPs of one sequence, for ``config``'s
+    family: ModernBERT (global and sliding-window layers, no NSP head) or BERT."""
+    if getattr(config, "model_type", None) == "modernbert":
+        kinds = [kind == "full_attention" for kind in config.resolved_layer_types()]
+        return lambda s, p: modernbert_train_flops(
+            hidden=config.hidden_size, intermediate=config.intermediate_size,
+            vocab=config.vocab_size, global_layers=kinds, window=config.window, seq_len=s,
+            predictions=p, windowed=windowed)
+    return lambda s, p: bert_train_flops(
+        layers=config.num_hidden_layers, hidden=config.hidden_size,
+        intermediate=config.intermediate_size, vocab=config.padded_vocab_size, seq_len=s,
+        predictions=p, nsp=nsp)
+
+
 def batch_train_flops(config, attention_mask: torch.Tensor,
                       predicted: torch.Tensor | None = None, nsp: bool = False,
-                      layout: TokenLayout | None = None) -> float:
+                      layout: TokenLayout | None = None, windowed: bool = True) -> float:
     """Training FLOPs of one micro-batch from its CPU tensors (no device sync): one sequence per
     row of ``attention_mask`` ((B, S), or (B, C, S) for multiple choice: B*C sequences), or per
     sequence of ``layout`` (packed rows), at its real length, with the True entries of
-    ``predicted`` (same shape as the mask) as its MLM positions (none without)."""
+    ``predicted`` (same shape as the mask) as its MLM positions (none without). The count
+    follows ``config``'s family (:func:`sequence_flops`; ``windowed``: ModernBERT only)."""
     if layout is None:
         lengths = attention_mask.reshape(-1, attention_mask.shape[-1]).sum(-1).tolist()
         preds = ([0] * len(lengths) if predicted is None else
@@ -77,10 +128,8 @@ def batch_train_flops(config, attention_mask: torch.Tensor,
             sequence = layout.sequence_of_token()
             preds = torch.zeros(len(lengths), dtype=torch.long).index_add_(
                 0, sequence, per_token).tolist()
-    return sum(bert_train_flops(layers=config.num_hidden_layers, hidden=config.hidden_size,
-                                intermediate=config.intermediate_size,
-                                vocab=config.padded_vocab_size, seq_len=s, predictions=p, nsp=nsp)
-               for s, p in zip(lengths, preds))
+    flops = sequence_flops(config, nsp, windowed)
+    return sum(flops(s, p) for s, p in zip(lengths, preds))
 
 
 def seq2seq_train_flops(config, source_lengths: torch.Tensor,
