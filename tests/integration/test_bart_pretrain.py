@@ -188,7 +188,7 @@ def test_cli_user_errors_for_bart_commands(tmp_path, bart_data, capsys):
 
     assert main(["vocab", "--type", "bpe", "--cased", "--input", str(CORPUS),
                  "--output", str(tmp_path / "bpe")]) == 2
-    assert "BPE always keeps case" in capsys.readouterr().err
+    assert "byte-level BPE (--type bpe) always keeps case" in capsys.readouterr().err
     assert main(["evaluate", "summarization", "--predictions", str(CORPUS)]) == 2
     assert "needs --references" in capsys.readouterr().err
     assert main(["prepare", "--input", str(CORPUS), "--vocab", str(bart_data["bpe"]),

@@ -16,17 +16,27 @@ from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
 from bertforge.errors import ConfigError
 from bertforge.ops.unpad import layout_from_batch
 from bertforge.models.loading import ModelSource
+from bertforge.models.registry import family_of_config
 from bertforge.tasks.stream import CorpusTask
 from bertforge.train.flops import batch_train_flops
 
 
-def pretraining_loss(model: nn.Module, batch: Batch, token_types: bool = True) -> LossOutput:
+def _takes_token_types(model: nn.Module) -> bool:
+    """Whether the model's family takes token type ids (BERT does; ModernBERT has none), read
+    from its config through a DDP wrapper."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    if getattr(type(config), "model_type", None) is None:  # not a family's model (a test's)
+        return True
+    return "token_type_ids" in family_of_config(config).inputs
+
+
+def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
     """MLM cross-entropy at the masked positions only (+ NSP/SOP when the batch has labels).
 
     The loader's batches say where the predicted tokens are (``mlm_positions``) and carry
     their ``TokenLayout``, so this loss and the model need no host-device sync; a batch without
-    them (e.g. made by hand) costs the syncs of finding them. ``token_types``: the model takes
-    token type ids (BERT does, ModernBERT has none: its family's ``inputs`` say).
+    them (e.g. made by hand) costs the syncs of finding them. Token type ids go to models
+    whose family takes them.
     """
     labels = batch["mlm_labels"]
     masked = batch.get("mlm_positions")            # (N,) flat positions, row-major
@@ -35,7 +45,7 @@ def pretraining_loss(model: nn.Module, batch: Batch, token_types: bool = True) -
         target = labels[masked]
     else:
         target = labels.reshape(-1).index_select(0, masked)  # (N,) in the head's order
-    types = {"token_type_ids": batch["token_type_ids"]} if token_types else {}
+    types = {"token_type_ids": batch["token_type_ids"]} if _takes_token_types(model) else {}
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"], **types,
                 masked_positions=masked, position_ids=batch.get("position_ids"),
                 layout=layout_from_batch(batch))
@@ -87,7 +97,7 @@ class PretrainTask(CorpusTask):
         return "pretraining" if self.data.has_pairs else "masked-lm"
 
     def loss(self, model: nn.Module, batch: Batch) -> LossOutput:
-        return pretraining_loss(model, batch, "token_type_ids" in self.source.family.inputs)
+        return pretraining_loss(model, batch)
 
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return batch_train_flops(model.config, batch["attention_mask"],
