@@ -404,12 +404,41 @@ class FinetuneTrainConfig(TrainConfig):
                               f"{self.label_smoothing}")
 
 
+# How fine-tuning's schedule counts steps (bertforge.optim.schedules: COUNTINGS, and the
+# schedules the Trainer's counting supports); literal here so config imports no torch.
+SCHEDULE_COUNTINGS = ("transformers", "nvidia")
+TRAINER_COUNTED_SCHEDULES = ("linear", "poly", "constant")
+
+
 @dataclass
 class FinetuneOptimConfig(OptimConfig):
+    """Fine-tuning's defaults are transformers' ``Trainer``'s (``TrainingArguments``): AdamW with
+    betas 0.9/0.999, eps 1e-8, no weight decay, clipping at 1.0, and its linear schedule with
+    ``ceil(warmup * steps)`` warm-up steps. docs/finetuning.md explains each; the parity test
+    tests/parity/test_finetune_trainer_parity.py checks them step by step."""
+
     name: str = opt("adamw", "Optimizer: adamw (the usual for fine-tuning) or lamb.")
     lr: float = opt(5e-5, "Peak learning rate.")
-    warmup: float = opt(0.1, "Warm-up length as a fraction of the run's steps.")
+    warmup: float = opt(0.1, "Warm-up length as a fraction of the run's steps (rounded up to "
+                        "whole steps with optim.schedule_counting=transformers).")
     schedule: str = opt("linear", "LR schedule after warm-up: linear (to 0), poly, constant.")
+    weight_decay: float = opt(0.0, "Decoupled weight decay, not applied to biases and LayerNorm "
+                              "(0, as transformers' Trainer; BERT's original recipe used 0.01).")
+    eps: float = opt(1e-8, "Adam epsilon (1e-8, as transformers' Trainer and torch's AdamW).")
+    schedule_counting: str = opt("transformers", "How the schedule counts steps: transformers "
+                                 "(the Trainer's: ceil(warmup x steps) warm-up steps, the first "
+                                 "step at lr 0) or nvidia (pretraining's: step k at progress "
+                                 "k/steps, no rounding).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.schedule_counting, "optim.schedule_counting", SCHEDULE_COUNTINGS,
+                     ConfigError)
+        if (self.schedule_counting == "transformers"
+                and self.schedule not in TRAINER_COUNTED_SCHEDULES):
+            raise ConfigError(f"optim.schedule={self.schedule} needs "
+                              "optim.schedule_counting=nvidia (the Trainer's counting has "
+                              f"{', '.join(TRAINER_COUNTED_SCHEDULES)})")
 
 
 @dataclass

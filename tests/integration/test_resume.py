@@ -225,3 +225,21 @@ def test_a_checkpoint_without_a_newer_key_resumes_as_its_default(tiny_config, tm
     with pytest.raises(ConfigError, match=r"optim.min_lr_ratio: 0.0 in the checkpoint, 0.1 now"):
         check_resume_compatible(saved, tiny_config(tmp_path, "--optim.min_lr_ratio=0.1"),
                                 tmp_path, "init_from")
+
+
+def test_a_fine_tuning_checkpoint_from_before_schedule_counting_is_not_resumed_silently(
+        tmp_path) -> None:
+    """Fine-tuning now counts schedule steps as transformers' Trainer; a checkpoint written
+    before that key existed ran NVIDIA's counting, so resuming it is refused by name."""
+    from bertforge.config import FinetuneConfig, load_config
+    from bertforge.core.schema import to_dict
+    from bertforge.train.run import check_resume_compatible
+
+    cfg = load_config(FinetuneConfig, None, ["--model=m"])
+    saved = to_dict(cfg)
+    del saved["optim"]["schedule_counting"]
+    with pytest.raises(ConfigError, match=r"optim.schedule_counting: 'nvidia' in the checkpoint, "
+                                          r"'transformers' now"):
+        check_resume_compatible(saved, cfg, tmp_path, "model")
+    check_resume_compatible(saved, load_config(FinetuneConfig, None, [
+        "--model=m", "--optim.schedule_counting=nvidia"]), tmp_path, "model")

@@ -24,6 +24,14 @@ values under PyTorch's usual order (``optimizer.step()`` then ``scheduler.step()
 optimizer is always the one for the *next* step, ``lr_{last_epoch + 1}``. Past ``T`` the decay
 stays at 0 instead of taking a root of a negative number.
 
+Fine-tuning counts steps the way transformers' ``Trainer`` does instead (``counting=
+"transformers"``, :func:`trainer_lr`): the warm-up is ``ceil(T * w)`` whole steps and step ``k``
+runs at the schedule's value after ``k - 1`` steps, so the first step has lr 0 and the last one
+``base_lr / (T - W)`` (``get_linear_schedule_with_warmup``, ``get_constant_schedule_with_warmup``,
+and ``get_polynomial_decay_schedule_with_warmup`` with ``lr_end`` 0). Both countings give the same
+curve up to a one-step shift; the Trainer's lets a fine-tuning run reproduce a Trainer run step by
+step (tests/parity/test_finetune_trainer_parity.py).
+
 Every value is computed from the step index alone (no chained multiplications), so a scheduler
 restored from ``state_dict()`` yields bit-for-bit the same sequence as one that never stopped.
 """
@@ -37,6 +45,10 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from bertforge.core import limits
 from bertforge.core.limits import DECAY_SHAPES, SCHEDULES, check_choice
+
+# How a schedule counts steps (see the module docstring), and the schedules the Trainer's has.
+COUNTINGS = ("nvidia", "transformers")
+TRAINER_SCHEDULES = ("linear", "poly", "constant")
 
 
 def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
@@ -65,6 +77,34 @@ def schedule_lr(base_lr: float, step: int, total_steps: int, warmup: float,
     raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
 
 
+def trainer_warmup_steps(total_steps: int, warmup: float) -> int:
+    """Whole warm-up steps of a warm-up fraction, as ``TrainingArguments.get_warmup_steps``
+    computes them (the same float expression, so ``30 * 0.1`` rounds up to 4 there and here)."""
+    return math.ceil(total_steps * warmup)
+
+
+def trainer_lr(base_lr: float, step: int, total_steps: int, warmup: float,
+               schedule: str = "linear", power: float = 1.0) -> float:
+    """Learning rate of optimizer step ``step`` (1-based) as transformers' schedules give it: the
+    factor of ``done = step - 1`` completed steps, with ``W`` = :func:`trainer_warmup_steps`.
+    "linear" falls to 0 at step ``T + 1``; "poly" is the same with the factor raised to
+    ``power``; "constant" holds ``base_lr`` after the warm-up. Step 0 (before training) is step 1.
+    """
+    done = max(step - 1, 0)
+    warm = trainer_warmup_steps(total_steps, warmup)
+    if done < warm:
+        return base_lr * (float(done) / float(max(1, warm)))
+    if schedule == "constant":
+        return base_lr
+    left = max(0.0, float(total_steps - done) / float(max(1, total_steps - warm)))
+    if schedule == "linear":
+        return base_lr * left
+    if schedule == "poly":
+        return base_lr * left ** power
+    raise ValueError(f"counting='transformers' supports the linear, poly and constant schedules, "
+                     f"got {schedule!r}")
+
+
 def _wsd_factor(remaining: float, decay: float, shape: str, min_ratio: float) -> float:
     """The factor of "wsd" after warm-up, with ``remaining`` the fraction of steps left after
     this one: 1 while it is at least ``decay``, then down to ``min_ratio`` at 0 (and past it).
@@ -88,9 +128,10 @@ class WarmupDecayLR(LRScheduler):
     def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup: float,
                  schedule: str = "poly", power: float = 0.5, last_epoch: int = -1, *,
                  decay: float = 0.1, decay_shape: str = "1-sqrt",
-                 min_lr_ratio: float = 0.0) -> None:
+                 min_lr_ratio: float = 0.0, counting: str = "nvidia") -> None:
         _validate(schedule, total_steps, warmup, power)
         _validate_wsd(schedule, warmup, decay, decay_shape, min_lr_ratio)
+        _validate_counting(counting, schedule)
         # Plain Python values only: state_dict() must load with torch.load(weights_only=True).
         self.total_steps = int(total_steps)
         self.warmup = float(warmup)
@@ -99,11 +140,15 @@ class WarmupDecayLR(LRScheduler):
         self.decay = float(decay)
         self.decay_shape = str(decay_shape)
         self.min_lr_ratio = float(min_lr_ratio)
+        self.counting = str(counting)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
         """Learning rates for the next optimizer step, one per parameter group."""
         step = self.last_epoch + 1
+        if self.counting == "transformers":
+            return [trainer_lr(float(base), step, self.total_steps, self.warmup, self.schedule,
+                               self.power) for base in self.base_lrs]
         return [schedule_lr(float(base), step, self.total_steps, self.warmup, self.schedule,
                             self.power, self.decay, self.decay_shape, self.min_lr_ratio)
                 for base in self.base_lrs]
@@ -133,17 +178,27 @@ def _validate_wsd(schedule: str, warmup: float, decay: float, decay_shape: str,
         limits.check_phases(warmup, decay, ("warmup", "decay"))
 
 
+def _validate_counting(counting: str, schedule: str) -> None:
+    check_choice(counting, "counting", COUNTINGS)
+    if counting == "transformers" and schedule not in TRAINER_SCHEDULES:
+        raise ValueError(f"counting='transformers' supports the {', '.join(TRAINER_SCHEDULES)} "
+                         f"schedules, got {schedule!r}")
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, name: str, total_steps: int,
                     warmup: float, power: float = 0.5, *, decay: float = 0.1,
-                    decay_shape: str = "1-sqrt", min_lr_ratio: float = 0.0) -> WarmupDecayLR:
+                    decay_shape: str = "1-sqrt", min_lr_ratio: float = 0.0,
+                    counting: str = "nvidia") -> WarmupDecayLR:
     """The schedule named by ``optim.schedule`` ("poly", "linear", "constant" or "wsd") over
     ``total_steps`` optimizer steps, warming up for the fraction ``warmup`` of them. "wsd" then
     holds ``base_lr`` and decays over the last fraction ``decay`` of the steps, with
     ``decay_shape`` ("linear" or "1-sqrt"), to ``min_lr_ratio * base_lr``; the other schedules
-    ignore those three.
+    ignore those three. ``counting``: "nvidia" (pretraining's, the module docstring's formulas)
+    or "transformers" (the Trainer's whole warm-up steps and step origin, :func:`trainer_lr`;
+    linear, poly and constant only).
 
     Building it sets every group's ``lr`` to the first step's value. When resuming, build it
     first, then load the optimizer's and this scheduler's state dicts.
     """
     return WarmupDecayLR(optimizer, total_steps, warmup, name, power, decay=decay,
-                         decay_shape=decay_shape, min_lr_ratio=min_lr_ratio)
+                         decay_shape=decay_shape, min_lr_ratio=min_lr_ratio, counting=counting)

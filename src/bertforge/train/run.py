@@ -95,15 +95,22 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Run-defining keys added with a default that differs from what the code did before them: a
+# checkpoint without the key ran as this value.
+_BEFORE_KEY_EXISTED = {"optim.schedule_counting": "nvidia"}
+
+
 def check_resume_compatible(saved: dict, cfg: RunConfig, source: Path, init_key: str) -> None:
     """ConfigError listing every run-defining setting that differs from the checkpoint's;
     ``init_key`` is the config key that starts a run from a checkpoint's weights only."""
     defining = tuple(run_defining_keys(type(cfg)))
     old = _flat(json.loads(json.dumps(saved, default=str)))
     new = _flat(json.loads(json.dumps(to_dict(cfg), default=str)))
-    # A key the checkpoint's bertforge did not have yet meant what its default means now.
+    # A key the checkpoint's bertforge did not have yet meant what its default means now, or
+    # what the code did before the key existed where the default changed with it.
     default = _flat(json.loads(json.dumps(to_dict(type(cfg)()), default=str)))
-    old = {**{k: v for k, v in default.items() if k not in old}, **old}
+    old = {**{k: _BEFORE_KEY_EXISTED.get(k, v) for k, v in default.items() if k not in old},
+           **old}
     diffs = [f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
              for k in sorted(set(old) | set(new))
              if k.startswith(defining) and old.get(k) != new.get(k)]
@@ -151,7 +158,10 @@ class _Setup:
                                          cfg.optim.warmup, cfg.optim.power,
                                          decay=cfg.optim.decay,
                                          decay_shape=cfg.optim.decay_shape,
-                                         min_lr_ratio=cfg.optim.min_lr_ratio)
+                                         min_lr_ratio=cfg.optim.min_lr_ratio,
+                                         # fine-tuning counts steps as transformers' Trainer
+                                         counting=getattr(cfg.optim, "schedule_counting",
+                                                          "nvidia"))
         self.start_step, self.rng_states = 0, {}
         if self.resume_from is not None:
             self._restore(task, cfg, info)
