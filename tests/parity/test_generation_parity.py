@@ -52,6 +52,10 @@ SETTINGS = {
                              no_repeat_ngram_size=2),
     "beam2-repetition": dict(num_beams=2, max_new_tokens=12, min_new_tokens=4,
                              length_penalty=0.5, repetition_penalty=1.5),
+    # Longer than the first key/value buffers of the cache (32 steps), which grow mid-run.
+    "greedy-long": dict(num_beams=1, max_length=38, min_length=34, no_repeat_ngram_size=3),
+    "beam3-long": dict(num_beams=3, length_penalty=1.0, max_length=38, min_length=34,
+                       no_repeat_ngram_size=3, early_stopping=True),
 }
 # The settings under which some rows end with EOS before the limit. A repetition penalty also
 # penalises EOS (it is the decoder start token, so already in every sequence): the others run

@@ -21,7 +21,7 @@ unpadded, a variable-length kernel: the same layer code), the decoder's through
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertforge.errors import DataError
+from bertforge.models.bart_cache import KVCache, LayerCache
 from bertforge.models.bart_config import BartConfig
 from bertforge.models.hub import PreTrainedModel
 from bertforge.ops.attention import Attend, attend
@@ -56,46 +57,6 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int,
     shifted[:, 0] = decoder_start_token_id
     shifted[:, 1:] = labels[:, :-1]
     return shifted.masked_fill_(shifted < 0, pad_token_id)
-
-
-# ---------------------------------------------------------------------------------------------
-# KV cache
-
-
-@dataclass
-class LayerCache:
-    """One decoder layer's keys and values, (B, heads, T, head_dim) each."""
-
-    self_k: torch.Tensor | None = None
-    self_v: torch.Tensor | None = None
-    cross_k: torch.Tensor | None = None
-    cross_v: torch.Tensor | None = None
-
-
-@dataclass
-class KVCache:
-    """Keys and values of every decoder layer for incremental decoding.
-
-    Self-attention entries grow by the tokens of each ``decode_step``; cross-attention entries
-    are computed from the encoder output once, at the first step.
-    """
-
-    layers: list[LayerCache] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        """Decoder tokens seen so far (the position of the next one)."""
-        first = self.layers[0].self_k if self.layers else None
-        return 0 if first is None else int(first.shape[2])
-
-    def reorder(self, index: torch.Tensor) -> KVCache:
-        """Keep batch rows ``index`` (N,), in that order (beam search); in place, returns self."""
-        for layer in self.layers:
-            for name in ("self_k", "self_v", "cross_k", "cross_v"):
-                tensor = getattr(layer, name)
-                if tensor is not None:
-                    setattr(layer, name, tensor.index_select(0, index))
-        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,18 +167,14 @@ class BartDecoderLayer(BartEncoderLayer):
         def attend_self(x: torch.Tensor) -> torch.Tensor:
             k, v = self.self_attn.project_kv(x)
             if cache is not None:
-                if cache.self_k is not None:
-                    k, v = torch.cat([cache.self_k, k], 2), torch.cat([cache.self_v, v], 2)
-                cache.self_k, cache.self_v = k, v
+                k, v = cache.append(k, v)
             return self.self_attn(x, k, v, self_mask, is_causal=causal)
 
         def attend_encoder(x: torch.Tensor) -> torch.Tensor:
-            if cache is not None and cache.cross_k is not None:
-                k, v = cache.cross_k, cache.cross_v
+            if cache is not None:
+                k, v = cache.cross(encoder_hidden, self.encoder_attn.project_kv)
             else:
                 k, v = self.encoder_attn.project_kv(encoder_hidden)
-                if cache is not None:
-                    cache.cross_k, cache.cross_v = k, v
             return self.encoder_attn(x, k, v, cross_keep)
 
         hidden = self.residual(hidden, self.self_attn_layer_norm, attend_self)
