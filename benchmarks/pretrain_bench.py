@@ -503,6 +503,25 @@ def time_rounds(variants: list[Variant], args: argparse.Namespace, device: torch
             f"{v.name} {v.seq_per_s[-1]:.1f}" for v in variants) + " seq/s", flush=True)
 
 
+def measured_gemm_flops(device: torch.device, dtype: torch.dtype = torch.float32,
+                        size: int = 1024, reps: int = 20) -> float:
+    """This machine's dense matrix-multiply rate now, in FLOP/s: the median of ``reps`` timed
+    (size x size) @ (size x size) products after a warm-up, on the threads the run uses. On a CPU
+    it is the ceiling a train step's FLOP/s can be compared with (there is no published peak)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2.0 * size ** 3 / statistics.median(times)
+
+
 def summarize(variants: list[Variant], cfg: Any, padded: list[dict], packed: list[dict],
               args: argparse.Namespace, device: torch.device, rss: RssPeaks) -> tuple[dict, dict]:
     """Per-variant results and the ratios (against ``hf`` and, as before, ``bertforge``);
@@ -513,6 +532,8 @@ def summarize(variants: list[Variant], cfg: Any, padded: list[dict], packed: lis
     tokens_per_seq = sum(float(b["attention_mask"].sum()) for b in padded) / n_seq
     work = model_flops(cfg, padded, args.seq, args.max_predictions)
     peak = peak_flops(device, args.precision)
+    # Measured in the same run, after the timed rounds: what this machine's matmuls reach now.
+    gemm = measured_gemm_flops(device) if args.precision == "fp32" else None
     results = {}
     for v in variants:
         vocab = cfg.vocab_size if v.name == "hf" else cfg.padded_vocab_size
@@ -528,6 +549,10 @@ def summarize(variants: list[Variant], cfg: Any, padded: list[dict], packed: lis
             "mfu_full_length": round(s["median"] * work["full_length"] / peak, 4) if peak else None,
             "executed_gflops_per_seq": round(executed / 1e9, 3),
             "executed_tflops_per_s": round(s["median"] * executed / 1e12, 4),
+            # Achieved FLOP/s over the measured fp32 GEMM rate: the model's own work (attention
+            # per real length) and what the variant executed (padding, a dense head included).
+            "model_share_of_gemm": round(s["median"] * work["real"] / gemm, 4) if gemm else None,
+            "executed_share_of_gemm": round(s["median"] * executed / gemm, 4) if gemm else None,
             "rounds_seq_per_s": [round(x, 2) for x in v.seq_per_s],
             "warmup_seconds": round(v.warmup_seconds, 2),
             "first_step_seconds": round(v.first_step_seconds, 2),
@@ -564,6 +589,7 @@ def summarize(variants: list[Variant], cfg: Any, padded: list[dict], packed: lis
     flops_info = {"model_gflops_per_seq_real": round(work["real"] / 1e9, 3),
                   "model_gflops_per_seq_full_length": round(work["full_length"] / 1e9, 3),
                   "peak_tflops": peak / 1e12 if peak else None,
+                  "measured_gemm_tflops_fp32": round(gemm / 1e12, 4) if gemm else None,
                   "mfu_note": None if peak else "no known peak FLOP/s for this device (CPU or an "
                                                 "unlisted GPU): achieved TFLOP/s only"}
     return results, {"ratios": ratios, "flops": flops_info}
@@ -666,9 +692,11 @@ def main() -> None:
     for name, r in results.items():
         mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""
         comp = f", compile {r['compile_seconds']:.0f} s" if "compile_seconds" in r else ""
+        share = (f", {r['model_share_of_gemm']:.1%} of the measured GEMM rate"
+                 if r.get("model_share_of_gemm") is not None else "")
         print(f"{name:>32}: {r['seq_per_s']:8.2f} seq/s (min {r['seq_per_s_min']:.2f}, max "
               f"{r['seq_per_s_max']:.2f}), {r['tokens_per_s']} tokens/s, "
-              f"{r['model_tflops_per_s']:.3f} TFLOP/s{mfu}{comp}")
+              f"{r['model_tflops_per_s']:.3f} TFLOP/s{mfu}{share}{comp}")
     for name, x in extra["ratios"].items():
         if name.endswith("/hf"):
             print(f"{name}: {x:.2f}x (median of per-round ratios "
