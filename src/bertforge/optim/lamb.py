@@ -158,7 +158,44 @@ def clip_grad_norm_(params: Iterable[Tensor], max_norm: float) -> Tensor:
     return norm
 
 
-class Lamb(torch.optim.Optimizer):
+class AdamMoments(torch.optim.Optimizer):
+    """What the Adam-moment optimizers (LAMB, the AdamW variants) share: per-parameter state
+    of a CPU step counter and two moments of ``moment_dtype``, created on demand or all at once
+    (``init_state``), and step counters kept on the CPU across ``load_state_dict``."""
+
+    def moment_dtype(self, p: Tensor) -> torch.dtype:
+        """The dtype of ``p``'s moments: its own."""
+        return p.dtype
+
+    def _init_state(self, p: Tensor) -> dict:
+        state = self.state[p]
+        if not state:
+            # ``step`` is a CPU tensor (torch's own convention), so load_state_dict leaves it on
+            # the CPU and bias corrections are computed on the host without a device sync.
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            dtype = self.moment_dtype(p)
+            state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype,
+                                                   memory_format=torch.preserve_format)
+        return state
+
+    def init_state(self) -> None:
+        """Create every parameter's state now (zero moments, step 0), as the first step would;
+        loaders of sharded checkpoints fill a complete state in place."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._init_state(p)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's loader, plus: step counters go back to the CPU whatever ``map_location`` the
+        checkpoint was read with, so bias corrections never sync with the device."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            if "step" in state:
+                state["step"] = state["step"].detach().to("cpu", torch.float32)
+
+
+class Lamb(AdamMoments):
     """LAMB as in NVIDIA's BERT recipe (apex FusedLAMB, ``adam_w_mode=True``, bias correction on).
 
     Args:
@@ -196,31 +233,6 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.max_grad_norm = float(max_grad_norm)
         self.last_grad_norm: Optional[Tensor] = None
-
-    def _init_state(self, p: Tensor) -> dict:
-        state = self.state[p]
-        if not state:
-            # ``step`` is a CPU tensor (torch's own convention), so load_state_dict leaves it on
-            # the CPU and bias corrections are computed on the host without a device sync.
-            state["step"] = torch.zeros((), dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        return state
-
-    def init_state(self) -> None:
-        """Create every parameter's state now (zero moments, step 0), as the first step would;
-        loaders of sharded checkpoints fill a complete state in place."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._init_state(p)
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """torch's loader, plus: step counters go back to the CPU whatever ``map_location`` the
-        checkpoint was read with, so bias corrections never sync with the device."""
-        super().load_state_dict(state_dict)
-        for state in self.state.values():
-            if "step" in state:
-                state["step"] = state["step"].detach().to("cpu", torch.float32)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None,

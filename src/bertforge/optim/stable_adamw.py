@@ -36,8 +36,8 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from bertforge.optim.lamb import (_buckets, _full_norms, _local, _norm_dtype, _shard_groups,
-                                  check_adam_args)
+from bertforge.optim.lamb import (AdamMoments, _buckets, _full_norms, _local, _norm_dtype,
+                                  _shard_groups, check_adam_args)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -47,7 +47,7 @@ def _state_dtype(p: Tensor) -> torch.dtype:
     return torch.float32 if p.dtype in _LOW_PRECISION else p.dtype
 
 
-class AdamWVariant(torch.optim.Optimizer):
+class AdamWVariant(AdamMoments):
     """AdamW with two switches (module docstring): ``update_clipping`` scales each tensor's
     learning rate by 1 / max(1, rms) (StableAdamW), ``decouple_lr`` multiplies the weight decay by
     lr / lr0 instead of lr (composer's DecoupledAdamW). Both off: ``torch.optim.AdamW``.
@@ -78,29 +78,14 @@ class AdamWVariant(torch.optim.Optimizer):
         for group in self.param_groups:
             group.setdefault("initial_lr", group["lr"])  # what torch's schedulers set as well
 
-    def _init_state(self, p: Tensor) -> dict:
-        state = self.state[p]
-        if not state:
-            # A CPU step counter, as in torch's optimizers: bias corrections need no device sync.
-            state["step"] = torch.zeros((), dtype=torch.float32)
-            dtype = _state_dtype(p)
-            state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype,
-                                                   memory_format=torch.preserve_format)
-        return state
-
-    def init_state(self) -> None:
-        """Create every parameter's state now (zero moments, step 0), as the first step would;
-        loaders of sharded checkpoints fill a complete state in place."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._init_state(p)
+    def moment_dtype(self, p: Tensor) -> torch.dtype:
+        return _state_dtype(p)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's loader, which casts every moment to its parameter's dtype, then: the float32
-        moments of 16-bit parameters are taken again from ``state_dict`` (not narrowed and
-        widened, so a resumed run is bitwise the uninterrupted one), and step counters go back
-        to the CPU whatever ``map_location`` the checkpoint was read with."""
+        """torch's loader, which casts every moment to its parameter's dtype (step counters
+        back to the CPU: ``AdamMoments``), then: the float32 moments of 16-bit parameters are
+        taken again from ``state_dict`` (not narrowed and widened, so a resumed run is bitwise
+        the uninterrupted one)."""
         super().load_state_dict(state_dict)
         params = [p for group in self.param_groups for p in group["params"]]
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
@@ -111,8 +96,6 @@ class AdamWVariant(torch.optim.Optimizer):
             for key in ("exp_avg", "exp_avg_sq"):
                 if key in saved and _state_dtype(p) != p.dtype:
                     state[key] = saved[key].to(device=p.device, dtype=_state_dtype(p))
-            if "step" in state:
-                state["step"] = state["step"].detach().to("cpu", torch.float32)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
