@@ -252,9 +252,10 @@ def _dotted(data: Any, prefix: str = "") -> dict[str, Any]:
 def _check_left_to_user(layers: list[tuple[str, Any]]) -> None:
     """A key a recipe sets to ``???`` is the user's to give (OmegaConf's "missing" marker; a
     merge would otherwise keep the default under it): ConfigError unless a later layer sets it."""
-    for i, (where, layer) in enumerate(layers):
-        for key, value in _dotted(layer).items():
-            if value == "???" and not any(key in _dotted(later) for _, later in layers[i + 1:]):
+    flat = [(where, _dotted(layer)) for where, layer in layers]
+    for i, (where, values) in enumerate(flat):
+        for key, value in values.items():
+            if value == "???" and not any(key in later for _, later in flat[i + 1:]):
                 raise ConfigError(f"config key '{key}' must be set: {where} leaves it to you; "
                                   f"give --{key}=VALUE")
 
