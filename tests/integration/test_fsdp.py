@@ -126,52 +126,69 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from bertforge.optim.lamb import Lamb, clip_grad_norm_, global_grad_norm
 
+
+def main():
+    """Everything that holds the process group (mesh, DTensors) lives in this frame, so it is
+    freed while the interpreter is whole (see RANKS_END)."""
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    shapes = [(5, 3), (7,), (1, 4), (2, 2)]  # uneven (5, 7), one rank empty (1), even (2)
+    full = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    grads = [torch.randn(s, dtype=torch.float64) * 3 for s in shapes]
+
+    def shard(t):
+        return distribute_tensor(t.clone(), mesh, [Shard(0)], src_data_rank=None)
+
+    def params(sharded):
+        out = []
+        for w, g in zip(full, grads):
+            p = torch.nn.Parameter(shard(w) if sharded else w.clone())
+            p.grad = shard(g) if sharded else g.clone()
+            out.append(p)
+        return out
+
+    plain, dtens = params(False), params(True)
+    want, got = global_grad_norm([p.grad for p in plain]), global_grad_norm([p.grad for p in dtens])
+    assert type(got) is torch.Tensor and got.dtype == torch.float64, (type(got), got.dtype)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(clip_grad_norm_(dtens, 1.0), clip_grad_norm_(plain, 1.0), rtol=1e-12, atol=0)
+    for p, q in zip(dtens, plain):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-12, atol=0)
+
+    plain, dtens = params(False), params(True)
+    groups = lambda ps: [{"params": ps[:2], "weight_decay": 0.01}, {"params": ps[2:], "weight_decay": 0.0}]
+    opts = [Lamb(groups(ps), lr=0.1, max_grad_norm=1.0) for ps in (plain, dtens)]
+    for _ in range(3):
+        for opt in opts:
+            opt.step()
+    for p, q in zip(dtens, plain):
+        torch.testing.assert_close(p.full_tensor(), q, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(opts[1].last_grad_norm, opts[0].last_grad_norm, rtol=1e-12, atol=0)
+    for p, q in zip(dtens, plain):
+        torch.testing.assert_close(opts[1].state[p]["exp_avg"].full_tensor(), opts[0].state[q]["exp_avg"])
+
+
 dist.init_process_group("gloo")
-mesh = init_device_mesh("cpu", (2,))
-torch.manual_seed(0)
-shapes = [(5, 3), (7,), (1, 4), (2, 2)]  # uneven (5, 7), one rank empty (1), even (2)
-full = [torch.randn(s, dtype=torch.float64) for s in shapes]
-grads = [torch.randn(s, dtype=torch.float64) * 3 for s in shapes]
+main()
+'''
 
-def shard(t):
-    return distribute_tensor(t.clone(), mesh, [Shard(0)], src_data_rank=None)
 
-def params(sharded):
-    out = []
-    for w, g in zip(full, grads):
-        p = torch.nn.Parameter(shard(w) if sharded else w.clone())
-        p.grad = shard(g) if sharded else g.clone()
-        out.append(p)
-    return out
-
-plain, dtens = params(False), params(True)
-want, got = global_grad_norm([p.grad for p in plain]), global_grad_norm([p.grad for p in dtens])
-assert type(got) is torch.Tensor and got.dtype == torch.float64, (type(got), got.dtype)
-torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
-torch.testing.assert_close(clip_grad_norm_(dtens, 1.0), clip_grad_norm_(plain, 1.0), rtol=1e-12, atol=0)
-for p, q in zip(dtens, plain):
-    torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-12, atol=0)
-
-plain, dtens = params(False), params(True)
-groups = lambda ps: [{"params": ps[:2], "weight_decay": 0.01}, {"params": ps[2:], "weight_decay": 0.0}]
-opts = [Lamb(groups(ps), lr=0.1, max_grad_norm=1.0) for ps in (plain, dtens)]
-for _ in range(3):
-    for opt in opts:
-        opt.step()
-for p, q in zip(dtens, plain):
-    torch.testing.assert_close(p.full_tensor(), q, rtol=1e-12, atol=1e-15)
-torch.testing.assert_close(opts[1].last_grad_norm, opts[0].last_grad_norm, rtol=1e-12, atol=0)
-for p, q in zip(dtens, plain):
-    torch.testing.assert_close(opts[1].state[p]["exp_avg"].full_tensor(), opts[0].state[q]["exp_avg"])
+# Appended to each script: a rank exits only after its process group is gone. Objects that hold
+# the group (a device mesh, DTensors, an FSDP model) live in the script's main(); were they freed
+# at interpreter exit instead, gloo's threads could touch Python objects after finalization began
+# and abort the rank ("terminate called without an active exception") after it passed.
+RANKS_END = '''
+import gc
+gc.collect()  # what main() left in reference cycles goes now, while Python is whole
 dist.barrier()  # no rank tears gloo down while another still talks to it
-dist.destroy_process_group()
-print("norms ok")
+dist.destroy_process_group()  # the group's last reference: its threads end here
+print({done!r})
 '''
 
 
 def run_on_two_ranks(script_text: str, child_env, tmp_path: Path, done: str) -> None:
     script = tmp_path / "script.py"
-    script.write_text(script_text)
+    script.write_text(script_text + RANKS_END.format(done=done))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script)]
     proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=120,
@@ -186,30 +203,82 @@ def test_norms_of_sharded_tensors_are_full_tensor_norms(child_env, tmp_path: Pat
     run_on_two_ranks(NORMS_SCRIPT, child_env, tmp_path, "norms ok")
 
 
+STABLE_ADAMW_SCRIPT = r'''
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from bertforge.optim import StableAdamW
+
+
+
+def main():
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    shapes = [(6, 4), (5, 3), (7,), (1, 4)]  # even, uneven, 1-D, one rank empty
+    full = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    grads = [[torch.randn(s, dtype=torch.float64) for s in shapes] for _ in range(4)]
+    # Step 3: rank 0's rows of the first tensor jump 10x, rank 1's fall 10x. Its full-tensor rms
+    # is above 1 while rank 1's half alone is below: a per-shard rms would clip differently.
+    grads[2][0][:3] *= 10
+    grads[2][0][3:] *= 0.1
+
+    def shard(t):
+        return distribute_tensor(t.clone(), mesh, [Shard(0)], src_data_rank=None)
+
+    def train(sharded):
+        ps = [torch.nn.Parameter(shard(w) if sharded else w.clone()) for w in full]
+        opt = StableAdamW([{"params": ps[:2], "weight_decay": 0.1},
+                           {"params": ps[2:], "weight_decay": 0.0}], lr=0.1, decouple_lr=True)
+        for step in grads:
+            for p, g in zip(ps, step):
+                p.grad = shard(g) if sharded else g.clone()
+            opt.step()
+        return ps, opt
+
+    plain, opt_plain = train(False)
+    dtens, opt_dtens = train(True)
+    for p, q in zip(dtens, plain):
+        torch.testing.assert_close(p.full_tensor(), q, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(opt_dtens.state[p]["exp_avg_sq"].full_tensor(),
+                                   opt_plain.state[q]["exp_avg_sq"], rtol=1e-12, atol=0)
+
+
+dist.init_process_group("gloo")
+main()
+'''
+
+
+def test_stable_adamw_rms_on_shards_is_the_full_tensors(child_env, tmp_path: Path) -> None:
+    """StableAdamW on DTensor shards over two gloo ranks equals the unsharded run to 1e-12,
+    including a step where only the full-tensor rms (not a shard's) clips."""
+    run_on_two_ranks(STABLE_ADAMW_SCRIPT, child_env, tmp_path, "sharded ok")
+
+
 MIXED_PRECISION_SCRIPT = r'''
 import torch, torch.distributed as dist
 from bertforge.models import BertConfig, BertForMaskedLM
 from bertforge.train.distributed import init_distributed, shard_model
 
-info = init_distributed(device="cpu")
-torch.manual_seed(0)
-model = BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, intermediate_size=64,
-                                   max_position_embeddings=32))
-assert shard_model(model, info, torch.bfloat16)
-seen = []
-layer = model.bert.encoder.layer[1].intermediate.dense
-layer.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
-ids = torch.randint(5, 64, (2, 12))
-with torch.autocast("cpu", dtype=torch.bfloat16):
-    out = model(ids, attention_mask=torch.ones_like(ids))
-out.logits.float().sum().backward()
-assert seen == [torch.bfloat16], seen                   # gathered for compute in bf16
-for name, p in model.named_parameters():                # the shards: fp32 master weights
-    assert p.dtype == torch.float32 and p.grad.dtype == torch.float32, name
-dist.barrier()  # no rank tears gloo down while another still talks to it
-dist.destroy_process_group()
-print("mixed precision ok")
+
+def main(info):
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=2, intermediate_size=64,
+                                       max_position_embeddings=32))
+    assert shard_model(model, info, torch.bfloat16)
+    seen = []
+    layer = model.bert.encoder.layer[1].intermediate.dense
+    layer.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
+    ids = torch.randint(5, 64, (2, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, attention_mask=torch.ones_like(ids))
+    out.logits.float().sum().backward()
+    assert seen == [torch.bfloat16], seen                   # gathered for compute in bf16
+    for name, p in model.named_parameters():                # the shards: fp32 master weights
+        assert p.dtype == torch.float32 and p.grad.dtype == torch.float32, name
+
+
+main(init_distributed(device="cpu"))
 '''
 
 
