@@ -386,9 +386,9 @@ class FinetuneTrainConfig(TrainConfig):
     global_batch_size: int = opt(32, "Sequences (examples) per optimizer step, over all ranks "
                                  "and accumulation micro-steps.", run_defining=True)
     micro_batch_size: int = opt(32, "Sequences per forward/backward on one rank.")
-    unpad: bool = opt(False, "Run the encoder on the real tokens only. Off by default: heads "
-                      "see zeros at padding, and SQuAD's loss, like transformers', normalises "
-                      "over padding positions too, so unpadded QA training differs slightly.")
+    unpad: bool = opt(True, "Run the encoder on the real tokens only (no work on padding; "
+                      "the same outputs at real tokens, so the same training up to float "
+                      "rounding). Set false only for a kernel that needs fixed shapes.")
     eval_batches: int = opt(0, "Unused by fine-tuning: evaluation always covers the whole "
                             "validation file (see data.max_eval_examples).")
     label_smoothing: float = opt(0.0, "summarization: probability mass spread uniformly over the "

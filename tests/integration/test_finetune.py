@@ -6,10 +6,12 @@ predictions, exact resume, --seeds, and the command's user errors."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import bertforge.train.loop
 from bertforge.cli import main
@@ -146,6 +148,34 @@ def test_resume_after_preemption_equals_an_uninterrupted_run(
     assert second.step == 6 and second.validation == full.validation
     assert ((tmp_path / "b" / "model.safetensors").read_bytes()
             == (tmp_path / "a" / "model.safetensors").read_bytes())
+
+
+@pytest.mark.parametrize("case", ["squad-v1", "mrpc", "swag", "conll"])
+def test_unpadded_training_equals_padded(case: str, tiny_bert: Path, tmp_path: Path,
+                                         monkeypatch) -> None:
+    """train.unpad (the default) runs the encoder on real tokens only; without dropout, the
+    trained weights and the scores equal a padded run's up to float rounding (SQuAD's span loss
+    leaves padding out in both)."""
+    import bertforge.models.bert as bert
+
+    model = tmp_path / "nodrop"
+    shutil.copytree(tiny_bert, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (model / "config.json").write_text(json.dumps(config))
+    layouts = []
+    real = bert.batch_layout
+    monkeypatch.setattr(bert, "batch_layout", lambda *a, **k: layouts.append(
+        type(out := real(*a, **k)).__name__) or out)
+    unpadded = run(model, tmp_path / "unpadded", case)
+    assert "TokenLayout" in layouts and "RowLayout" not in layouts  # it did run unpadded
+    layouts.clear()
+    padded = run(model, tmp_path / "padded", case, "--train.unpad=false")
+    assert "TokenLayout" not in layouts
+    assert unpadded.validation == pytest.approx(padded.validation, rel=1e-4, abs=1e-6)
+    ours = load_file(tmp_path / "unpadded" / "model.safetensors")
+    for name, tensor in load_file(tmp_path / "padded" / "model.safetensors").items():
+        torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_epochs_set_the_run_length(tiny_bert: Path, tmp_path: Path) -> None:

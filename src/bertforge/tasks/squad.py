@@ -62,8 +62,14 @@ class SquadTask(EncoderTask):
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> LossOutput:
         out = model(**self.model_inputs(batch))
-        start = F.cross_entropy(out.start_logits.float(), batch["start_positions"])
-        end = F.cross_entropy(out.end_logits.float(), batch["end_positions"])
+        # The span softmax runs over real tokens only: padding is never an answer, and its logits
+        # (the head's bias when the encoder ran unpadded) would otherwise depend on the batch's
+        # width. transformers' loss includes them; this is the one place the two differ.
+        padding = batch["attention_mask"] == 0
+        start = F.cross_entropy(out.start_logits.float().masked_fill(padding, _MASKED_LOGIT),
+                                batch["start_positions"])
+        end = F.cross_entropy(out.end_logits.float().masked_fill(padding, _MASKED_LOGIT),
+                              batch["end_positions"])
         loss = (start + end) / 2
         return LossOutput(loss, {"loss": loss.detach()}, sequences=int(batch["input_ids"].shape[0]),
                           tokens=real_tokens(batch))
