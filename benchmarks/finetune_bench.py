@@ -12,7 +12,8 @@ same number of optimizer steps with the same micro-batch size, precision and opt
 * Weights: bertforge builds the task model (``--model``'s encoder, a classification / QA head
   drawn from the run's seed) and saves it with ``save_pretrained``; bertforge and transformers
   both load that directory. Before timing, the two models' losses on one batch (eval mode, fp32,
-  no autocast) must agree, or the run stops.
+  no autocast) must agree, or the run stops (for SQuAD both leave padding out of the span
+  softmax, as bertforge's loss does; transformers' own loss would include it).
 * Examples: bertforge reads and encodes the data (MRPC pairs at max_seq_length 128; SQuAD v1.1
   windows at 384 tokens with doc stride 128, questions cut to 64 tokens). The Hugging Face side
   gets those very token ids as a ``datasets.Dataset`` in the order bertforge's loader draws them
@@ -279,6 +280,20 @@ def hf_model(task: str, start_dir: Path, device: Any) -> Any:
     return model.to(device)
 
 
+def reference_loss(model: Any, batch: dict) -> Any:
+    """transformers' loss on ``batch``; for spans, with padding positions left out of the softmax
+    as bertforge's SQuAD loss does (transformers' own includes them: docs/finetuning.md)."""
+    import torch.nn.functional as F
+
+    if "start_positions" not in batch:
+        return model(**batch).loss
+    out = model(**{k: batch[k] for k in SEQ_KEYS})
+    padding = batch["attention_mask"] == 0
+    return sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), batch[key])
+               for logits, key in ((out.start_logits, "start_positions"),
+                                   (out.end_logits, "end_positions"))) / 2
+
+
 def loss_check(task: Any, ours: Any, theirs: Any, batch: dict, device: Any) -> dict:
     """Eval-mode fp32 loss of both models on one batch; must agree to float rounding."""
     import torch
@@ -289,7 +304,7 @@ def loss_check(task: Any, ours: Any, theirs: Any, batch: dict, device: Any) -> d
     ours.eval(), theirs.eval()
     with torch.no_grad():
         a = float(task.loss(ours, batch).loss)
-        b = float(theirs(**batch).loss)
+        b = float(reference_loss(theirs, batch))
     tol = 1e-4 if device.type == "cpu" else 2e-3  # CUDA fp32 may run TF32 matmuls
     if abs(a - b) > tol * max(1.0, abs(b)):
         raise RuntimeError(f"bertforge loss {a:.6f} != transformers loss {b:.6f}: the models or "

@@ -9,7 +9,7 @@ Each entry runs as a subprocess with its own ``--output`` under
 ``benchmarks/results/<date>-<device>/`` (``--out-dir`` elsewhere; quick runs add ``-quick``), its
 stdout and stderr kept next to it as ``<entry>.log``. Then ``summary.json`` and ``summary.md``:
 device, date, commit, versions, one table of the headline numbers with the ratios against
-Hugging Face, and the performance goals of issue 11 with met / not met. A failing entry is
+Hugging Face, and the performance goals of issues 11, 22 and 23 with met / not met. A failing entry is
 reported with the tail of its output and the suite goes on; the exit status is 1 when any
 entry failed (2 for a wrong command line), else 0. A benchmark script that does not exist
 (yet) is skipped with a line saying so.
@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, metadata, write_result
+from suite_speed import finetune_epoch_headline, speed_goals
 
 HERE = Path(__file__).resolve().parent
 PRETRAIN_CPU_VARIANTS = ["bertforge", "hf", "bertforge-unpadded", "bertforge-packed",
@@ -47,7 +48,7 @@ class Entry:
     name: str
     script: str
     args: list[str]
-    kind: str                        # pretrain, finetune, inference, bart, prepare, loader
+    kind: str                        # pretrain, finetune(-epoch), inference, bart, prepare, loader
     output_flag: str = "--output"
     note: str = ""
     outcome: dict[str, Any] = field(default_factory=dict)
@@ -88,6 +89,10 @@ def cpu_entries(quick: bool) -> list[Entry]:
         Entry("finetune", "finetune_bench.py",
               ["--tasks", "mrpc", "--repeats", "2", "--steps", "2"] if quick else [],
               "finetune", output_flag="--out"),
+        Entry("finetune-epoch", "finetune_epoch_bench.py",
+              ["--epochs", "0.05", "--seeds", "0"] if quick else ["--epochs", "1", "--seeds", "0,1"],
+              "finetune-epoch", output_flag="--out",
+              note="MRPC, MiniLM: whole epochs, each side's own batching, held-out accuracy"),
         Entry("inference", "inference_bench.py", ["--quick"] if quick else [], "inference"),
         Entry("bart", "bart_bench.py",
               ["--rounds", "2", "--gen-texts", "2", "--batch", "4", "--layers", "2",
@@ -222,6 +227,7 @@ def run_entry(entry: Entry, out_dir: Path, timeout: float | None) -> None:
 def headline(kind: str, r: dict) -> dict[str, Any]:
     """Rows (contestant, metric, bertforge, transformers, ratio) and facts from one result file."""
     return {"pretrain": _pretrain, "finetune": _finetune, "bart": _bart,
+            "finetune-epoch": finetune_epoch_headline,
             "inference": _inference, "prepare": _prepare,
             "loader": _loader, "modernbert": _modernbert}.get(kind, _generic)(r)
 
@@ -251,6 +257,7 @@ def _pretrain(r: dict) -> dict[str, Any]:
                      "ratio": ratios.get(f"{name}/hf_median_of_rounds"),
                      "tokens_per_s": v["tokens_per_s"], "model_tflops_per_s": v["model_tflops_per_s"],
                      "mfu": v.get("mfu"), "mfu_full_length": v.get("mfu_full_length"),
+                     "gemm_share": v.get("model_share_of_gemm"),
                      "compile_seconds": v.get("compile_seconds")})
     best = max((row for row in rows if not row["contestant"].startswith(("bertforge-dense",))),
                key=lambda row: row["bertforge"], default=None)
@@ -416,7 +423,8 @@ def goals(entries: list[Entry], device_kind: str, quick: bool) -> list[dict[str,
                                 f"{pct(b.get('mfu'))} on real tokens), hf "
                                 f"{h['hf']['seq_per_s']:.0f} seq/s, ratio {b['ratio']}x; real "
                                 f"tokens/seq {_lengths(h['lengths'])}{caveat}"})
-    return out + modernbert_goals(by_name, device_kind, caveat)
+    return out + modernbert_goals(by_name, device_kind, caveat) + speed_goals(by_name, device_kind,
+                                                                              caveat)
 
 
 def modernbert_goals(by_name: dict[str, dict], device_kind: str, caveat: str) -> list[dict]:
@@ -492,7 +500,7 @@ def write_markdown(path: Path, summary: dict[str, Any]) -> None:
         t = h["lengths"]
         lines.append(f"- {e['name']} ({h['shape']}, {e.get('note') or ''}): "
                      f"{t.get('mean')} / {t.get('min')} / {t.get('max')} on {h['device']}")
-    lines += ["", "## Goals (issues 11 and 22)", "", "| goal | status | evidence |", "|---|---|---|"]
+    lines += ["", "## Goals (issues 11, 22 and 23)", "", "| goal | status | evidence |", "|---|---|---|"]
     lines += [f"| {g['goal']} | **{g['status']}** | {g['evidence']} |" for g in summary["goals"]]
     lines += ["", "## Entries", "", "| entry | status | seconds | command |", "|---|---|---|---|"]
     for e in summary["entries"]:
@@ -564,7 +572,8 @@ def main() -> int:
               f"{os.cpu_count()} cores: other jobs will distort the timings", flush=True)
     if args.threads:
         for entry in entries:
-            if entry.kind in ("pretrain", "finetune", "inference", "bart", "modernbert"):
+            if entry.kind in ("pretrain", "finetune", "finetune-epoch", "inference", "bart",
+                              "modernbert"):
                 entry.args += ["--threads", str(args.threads)]
     t0 = time.perf_counter()
     for entry in entries:

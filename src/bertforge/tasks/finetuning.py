@@ -46,6 +46,7 @@ from bertforge.tokenization import load_tokenizer
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import batch_train_flops
 from bertforge.train.guards import load_for_training
+from bertforge.train.parallelize import set_unpadding
 from bertforge.train.precision import build_precision
 from bertforge.train.resume import verify_model_files
 from bertforge.train.run import RunResult
@@ -349,6 +350,7 @@ class FinetuneTask(ABC):
         labelled) and write the outputs to ``output_dir``."""
         out = Path(self.cfg.output_dir)
         model = self.build_model(None)
+        set_unpadding(model, self.cfg.train.unpad, self.cfg.train.attention_backend)
         precision = build_precision(self.cfg.precision, self.info.device)
         metrics = self.evaluate(model, precision.autocast)
         self.write_outputs(out, metrics)

@@ -17,6 +17,7 @@ from bertforge.models.registry import family_of_architecture
 from bertforge.tasks.registry import (TaskSpec, check_model_fits_task, get_task, task_names,
                                       task_of_finetuned, task_of_head)
 from bertforge.tokenization import load_tokenizer
+from bertforge.train.parallelize import set_unpadding
 from bertforge.train.precision import build_precision
 
 
@@ -55,8 +56,11 @@ def _check_fit(spec: TaskSpec, source: ModelSource) -> None:
 def _load_model(spec: TaskSpec, source: ModelSource, device: torch.device) -> Any:
     """The task's model with the directory's weights, on ``device``, in eval mode; a head the
     files lack is a ``ConfigError`` (it would answer at random), not a fresh initialisation.
-    An encoder-decoder's feature extraction runs its encoder alone."""
+    An encoder-decoder's feature extraction runs its encoder alone. Encoders run on the real
+    tokens of a batch only (``train.parallelize.set_unpadding``): the same outputs at real
+    tokens, no work on the padding of mixed-length batches."""
     model = load_model(source, spec.head, device=device)
+    set_unpadding(model, True)
     return model.encoder if spec.name == "feature-extraction" and source.family.seq2seq else model
 
 

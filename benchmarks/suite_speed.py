@@ -1,0 +1,90 @@
+"""The suite's reading of issue 23 (speed beyond pretraining): the fine-tuning-epoch headline and
+the goals of fine-tuning, evaluation, BART training and generation, serving and CPU pretraining,
+each met / not met / not measured with the evidence from this run's result files."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def finetune_epoch_headline(r: dict) -> dict[str, Any]:
+    """Rows of a finetune_epoch_bench.py result: train and evaluation seconds, held-out score."""
+    s = r["summary"]
+    metric = next(k for k in s if k.startswith("heldout_") and k.endswith("_mean"))
+    train, evals = s["train_seconds_median"], s["eval_seconds_median"]
+    task = r["settings"]["task"]
+    return {"rows": [
+        {"contestant": f"{task} train ({r['settings']['epochs']:g} epoch)", "metric": "seconds",
+         "bertforge": train["bertforge"], "transformers": train["hf"],
+         "ratio": s["train_speedup_median"]},
+        {"contestant": f"{task} evaluation", "metric": "seconds",
+         "bertforge": evals["bertforge"], "transformers": evals["hf"],
+         "ratio": s["eval_speedup_median"]},
+        {"contestant": f"{task} held-out {metric[len('heldout_'):-len('_mean')]}",
+         "metric": "mean over seeds", "bertforge": s[metric]["bertforge"],
+         "transformers": s[metric]["hf"], "ratio": None}],
+        "summary": s}
+
+
+def _rows(outcome: dict | None) -> tuple[list[dict], str]:
+    """The headline rows of an entry, or why there are none."""
+    if outcome is None:
+        return [], "not run (not selected, or not an entry on this device)"
+    if outcome.get("status") != "ok":
+        return [], f"not measured ({outcome.get('status')}: {outcome.get('reason', '')})"
+    return (outcome.get("headline") or {}).get("rows", []), ""
+
+
+def _goal(goal: str, rows: list[dict], why: str, pick: Callable[[dict], bool], target: float,
+          caveat: str, extra: Callable[[dict], str] = lambda row: "") -> dict[str, Any]:
+    row = next((r for r in rows if pick(r)), None)
+    if row is None or row.get("ratio") is None:
+        return {"goal": goal, "status": "not measured", "evidence": why or "no such row"}
+    met = row["ratio"] >= target
+    return {"goal": goal, "status": "met" if met else "not met",
+            "evidence": f"{row['contestant']}: bertforge {row['bertforge']:.3g} vs transformers "
+                        f"{row['transformers']:.3g} {row['metric']} = {row['ratio']:.2f}x"
+                        f"{extra(row)}{caveat}"}
+
+
+def speed_goals(by_name: dict[str, dict], device_kind: str, caveat: str) -> list[dict]:
+    """Issue 23's goals from the entries of this run (CPU figures; GPU entries are reported in
+    the headline table)."""
+    if device_kind != "cpu":
+        return [{"goal": "issue 23 goals (CPU)", "status": "not measured",
+                 "evidence": "a CPU suite run"}]
+    out = []
+    rows, why = _rows(by_name.get("finetune-epoch"))
+    summary = next((o["headline"].get("summary") for o in [by_name.get("finetune-epoch")]
+                    if o and o.get("status") == "ok"), None)
+
+    def quality(row: dict) -> str:
+        if summary is None:
+            return ""
+        metric = next(k for k in summary if k.startswith("heldout_") and k.endswith("_mean"))
+        ours, theirs = summary[metric]["bertforge"], summary[metric]["hf"]
+        return (f"; held-out {metric[8:-5]} {ours:.4f} vs {theirs:.4f} "
+                f"({'equal or better' if ours >= theirs else 'lower'})")
+
+    finetune = _goal("Fine-tuning time per epoch >= 1.5x the HF Trainer at equal or better "
+                     "accuracy (MRPC, MiniLM)", rows, why,
+                     lambda r: " train " in r["contestant"], 1.5, caveat, quality)
+    if finetune["status"] == "met" and "lower" in finetune["evidence"]:
+        finetune["status"] = "not met (faster, but lower held-out accuracy)"
+    out.append(finetune)
+    out.append(_goal("Fine-tuning evaluation >= 2x Trainer.predict (MRPC, MiniLM)", rows, why,
+                     lambda r: r["contestant"].endswith("evaluation"), 2.0, caveat))
+    rows, why = _rows(by_name.get("bart"))
+    out.append(_goal("BART train step >= 1.5x transformers", rows, why,
+                     lambda r: r["contestant"] == "train step", 1.5, caveat))
+    out.append(_goal("Beam search >= 2x transformers.generate, token-identical", rows, why,
+                     lambda r: r["contestant"].startswith("generation (beam"), 2.0, caveat))
+    out.append(_goal("Greedy decoding faster than transformers.generate, token-identical", rows,
+                     why, lambda r: r["contestant"].startswith("generation (greedy"), 1.0, caveat))
+    rows, why = _rows(by_name.get("pretrain-bert-mini-phase1"))
+    fastest = max(rows, key=lambda r: r.get("ratio") or 0.0, default=None)
+    out.append(_goal("CPU pretraining bert-mini shape >= 4x Hugging Face (variable lengths)",
+                     rows, why, lambda r: r is fastest, 4.0, caveat,
+                     lambda r: "" if r.get("gemm_share") is None else
+                     f"; {r['gemm_share']:.1%} of the measured fp32 GEMM rate"))
+    return out
