@@ -206,3 +206,115 @@ def test_on_gpu_fp32_logits_and_beam_search_match_transformers(tmp_path):
     mine = generate(ours, src, src_mask, GenerationConfig.from_model_config(ours.config, **settings))
     theirs = hf.generate(input_ids=src, attention_mask=src_mask, **settings)
     assert mine.tolist() == theirs.tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation: inputs that finish at very different steps leave the batch, and the tokens stay
+# transformers' (greedy and beam search), through BART's own generation step and through the
+# model's decode_step.
+
+EOS_BIAS = 2.5  # on final_logits_bias[</s>]: some sequences end early, others run to the limit
+GENERATION = {
+    "greedy": dict(num_beams=1, max_length=30, min_length=3, no_repeat_ngram_size=3),
+    "beam4-early": dict(num_beams=4, max_length=30, min_length=3, length_penalty=2.0,
+                        no_repeat_ngram_size=3, early_stopping=True),
+    "beam3-late-2seq": dict(num_beams=3, max_length=30, min_length=3, length_penalty=1.0,
+                            early_stopping=False, num_return_sequences=2),
+    "beam2-never": dict(num_beams=2, max_new_tokens=25, length_penalty=0.8,
+                        early_stopping="never", repetition_penalty=1.3),
+}
+
+
+def uneven_sources(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(6, 30) sources of 30, 2, 17, 5, 24 and 9 tokens, each ending with </s>, padded."""
+    gen = torch.Generator().manual_seed(11)
+    lengths = torch.tensor([30, 2, 17, 5, 24, 9])
+    ids = torch.randint(3, vocab, (6, 30), generator=gen)
+    ids[torch.arange(6), lengths - 1] = 2
+    mask = torch.arange(30)[None, :] < lengths[:, None]
+    return ids.masked_fill(~mask, 1), mask.long()
+
+
+@pytest.fixture(scope="module")
+def generation_models(tmp_path_factory):
+    hf = hf_model("BartForConditionalGeneration", SHAPES[0], False, scale=False, seed=21)
+    with torch.no_grad():
+        hf.final_logits_bias[0, 2] += EOS_BIAS
+    hf.generation_config = transformers.GenerationConfig(
+        bos_token_id=0, eos_token_id=2, pad_token_id=1, decoder_start_token_id=2,
+        forced_bos_token_id=0, forced_eos_token_id=2)
+    directory = tmp_path_factory.mktemp("generation")
+    hf.save_pretrained(directory)
+    return hf, BartForConditionalGeneration.from_pretrained(directory).eval(), directory
+
+
+class _GenericBart(BartForConditionalGeneration):
+    """A subclass: generate decodes it through decode_step / reorder_cache, not BART's own
+    generation step."""
+
+
+@pytest.mark.parametrize("setting", list(GENERATION))
+def test_generate_drops_finished_inputs_and_matches_transformers(generation_models, setting,
+                                                                 monkeypatch):
+    from bertforge.models.generation import GenerationConfig, bart_decoding, generate, search
+
+    hf, ours, directory = generation_models
+    ids, mask = uneven_sources(SHAPES[0]["vocab_size"])
+    config = GenerationConfig.load(directory).replace(**GENERATION[setting])
+    rows_per_step: list[int] = []
+    step = bart_decoding.BartDecoding.step
+    monkeypatch.setattr(bart_decoding.BartDecoding, "step", lambda self, tokens: (
+        rows_per_step.append(tokens.shape[0]), step(self, tokens))[1])
+    sequences, scores = generate(ours, ids, mask, config, return_scores=True)
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, attention_mask=mask, **GENERATION[setting],
+                             return_dict_in_generate=True, output_scores=True)
+    assert sequences.tolist() == theirs.sequences.tolist()
+    if config.num_beams > 1:
+        assert torch.allclose(scores, theirs.sequences_scores, atol=1e-4)
+
+    # The inputs finished at different steps (some by EOS, some at the limit), and each left
+    # the batch: the steps ran on fewer and fewer rows, down to the last input's beams.
+    beams = config.num_beams
+    returned = config.num_return_sequences
+    lengths = (sequences != 1).sum(dim=1).view(6, returned).max(dim=1).values
+    assert len(set(lengths.tolist())) >= 3 and lengths.min() < lengths.max()
+    assert rows_per_step[0] == 6  # one row per input until the first step chose the beams
+    later = rows_per_step[1:]
+    assert later[0] == 6 * beams and later == sorted(later, reverse=True)
+    assert later[-1] < 6 * beams and all(n % beams == 0 for n in later)
+    # One step per token of the longest output, none after it; none for a last token forced
+    # to be EOS (the model's scores could not change it).
+    longest = int(lengths.max())
+    skipped = config.forced_eos_token_id is not None and longest == config.length_limits()[1]
+    assert len(rows_per_step) == longest - 1 - skipped
+
+    # The model's own decode_step path (a subclass) gives the same tokens and scores.
+    generic = _GenericBart.from_pretrained(directory).eval()
+    count = len(rows_per_step)
+    again, again_scores = generate(generic, ids, mask, config, return_scores=True)
+    assert len(rows_per_step) == count  # BART's generation step was not used
+    assert again.tolist() == sequences.tolist()
+    assert torch.allclose(again_scores, scores, atol=1e-5)
+
+    # Reading the host every 4 steps (as on a GPU): done inputs ride along longer, same output.
+    monkeypatch.setattr(search, "CHECK_EVERY", {"cpu": 4})
+    late, late_scores = generate(ours, ids, mask, config, return_scores=True)
+    assert late.tolist() == sequences.tolist()
+    assert torch.allclose(late_scores, scores, atol=1e-5)
+    assert sum(rows_per_step[count:]) >= sum(rows_per_step[:count])
+
+
+@pytest.mark.parametrize("setting", ["greedy", "beam4-early"])
+def test_generate_without_padding_matches_transformers(generation_models, setting):
+    """No padding anywhere (attention_mask None): cross-attention runs unmasked."""
+    from bertforge.models.generation import GenerationConfig, generate
+
+    hf, ours, directory = generation_models
+    ids = uneven_sources(SHAPES[0]["vocab_size"])[0][:, :12].clone()
+    ids[ids < 3] = 3  # no <pad> or </s> inside
+    ids[:, -1] = 2
+    config = GenerationConfig.load(directory).replace(**GENERATION[setting])
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, **GENERATION[setting])
+    assert generate(ours, ids, None, config).tolist() == theirs.tolist()

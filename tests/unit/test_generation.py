@@ -106,11 +106,13 @@ def test_greedy_follows_the_chain_and_pads_rows_that_ended():
     out = generate(model, ids, mask, config(max_length=20))
     assert out.tolist() == [[2, 3, 4, 5, 2, 1, 1], [2, 3, 4, 5, 6, 7, 2]]
     assert out.dtype == torch.int64 and not out.requires_grad
-    # The encoder ran once; one decoder step per new token for the whole batch, through the
-    # cache (one new token per step), and none after the last row ended.
+    # The encoder ran once; one decoder step per new token, through the cache (one new token
+    # per step), for the rows still running: the first row ended at step 4 and left the batch
+    # (the cache kept row 1 only), and no step ran after the last row ended.
     assert model.encoded == 1
-    assert model.steps == [(2, 1)] * 6
-    assert not model.grad_seen and model.reorders == []
+    assert model.steps == [(2, 1)] * 4 + [(1, 1)] * 2
+    assert not model.grad_seen
+    assert [index.tolist() for index in model.reorders] == [[1]]
 
 
 def test_without_a_pad_id_rows_are_filled_with_eos():
@@ -277,15 +279,19 @@ def test_beam_scores_match_a_recomputation_without_cache_so_the_cache_follows_th
     model = ToyModel(tables, echo=1.5)
     seqs, scores = generate(model, ids, mask, settings, return_scores=True)
     assert scores.tolist() == pytest.approx(recomputed(model, seqs), rel=1e-5)
-    # Every step reordered all B*K cache rows, each within its own input's block of beams.
+    # Every step reordered the cache rows, each within its own input's block of beams; the
+    # input that was done first left the batch (its rows were not kept), the other went on.
     assert model.reorders and len(model.reorders) == len(model.steps) - 1
-    for index in model.reorders:
-        assert index.shape == (6,) and (index // 3).tolist() == [0, 0, 0, 1, 1, 1]
-    assert any(not torch.equal(i, torch.arange(6)) for i in model.reorders)
-    assert set(model.steps) == {(6, 1)} and model.encoded == 1
-    # The check has teeth: a model that ignores reordering scores differently.
+    for index, next_step in zip(model.reorders, model.steps[1:]):
+        blocks = (index // 3).tolist()
+        assert blocks == sorted(blocks) and all(blocks.count(b) == 3 for b in blocks)
+        assert next_step == (len(index), 1)
+    assert any(not torch.equal(i, torch.arange(len(i))) for i in model.reorders)
+    assert model.steps[0] == (6, 1) and model.steps[-1] == (3, 1) and model.encoded == 1
+    # The check has teeth: a model that keeps the right rows but ignores their new order
+    # scores differently.
     careless = ToyModel(tables, echo=1.5)
-    careless.reorder_cache = lambda cache, index: cache
+    careless.reorder_cache = lambda cache, index: cache[index.sort().values]
     seqs, scores = generate(careless, ids, mask, settings, return_scores=True)
     assert scores.tolist() != pytest.approx(recomputed(careless, seqs), rel=1e-5)
 
@@ -334,6 +340,63 @@ def test_without_settings_the_models_own_are_used_or_a_length_is_asked_for():
     model.generation_config = config(max_length=3)
     assert generate(model, ids, mask).tolist() == [[2, 3, 4]]
     assert generate(model, ids, mask, max_length=4).tolist() == [[2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("beams,returned", [(1, 1), (3, 1), (4, 2)])
+def test_reading_the_host_every_few_steps_changes_nothing_but_the_row_counts(beams, returned,
+                                                                            monkeypatch):
+    """On a GPU the search reads the host every few steps (done inputs ride along until then):
+    the same sequences and scores as reading every step, on a CPU here."""
+    from bertforge.models.generation import search
+
+    gen = torch.Generator().manual_seed(2)
+    tables = torch.randn(3, V, V, generator=gen) * 2.0
+    tables[:, :, EOS] += torch.tensor([2.0, 0.0, -1.0])[:, None]  # different finish times
+    ids, mask = batch(0, 1, 2)
+    settings = config(num_beams=beams, num_return_sequences=returned, max_length=14,
+                      no_repeat_ngram_size=2, early_stopping=beams == 3)
+    every_step = ToyModel(tables, echo=0.5)
+    want, want_scores = generate(every_step, ids, mask, settings, return_scores=True)
+    monkeypatch.setattr(search, "CHECK_EVERY", {"cpu": 3})
+    every_third = ToyModel(tables, echo=0.5)
+    got, got_scores = generate(every_third, ids, mask, settings, return_scores=True)
+    assert got.tolist() == want.tolist()
+    assert torch.allclose(got_scores, want_scores)
+    rows = [shape[0] for shape in every_step.steps]
+    assert rows[0] == 3 * beams and rows[-1] < rows[0]  # inputs left the batch
+    assert [shape[0] for shape in every_third.steps] != rows
+    assert len(every_third.steps) >= len(every_step.steps)
+
+
+def test_the_last_step_is_skipped_when_forced_eos_decides_it():
+    model = ToyModel(chain(9))
+    ids, mask = batch(0)
+    out = generate(model, ids, mask, config(max_length=5, forced_eos_token_id=EOS))
+    assert out.tolist() == [[2, 3, 4, 5, 2]]
+    assert len(model.steps) == 3  # tokens 3, 4, 5; the forced EOS needed no decoder step
+    seqs, scores = generate(model, ids, mask, config(max_length=5, forced_eos_token_id=EOS,
+                                                     num_beams=2), return_scores=True)
+    assert seqs[0].tolist() == [2, 3, 4, 5, 2] and torch.isfinite(scores).all()
+
+
+@pytest.mark.parametrize("vocab,beams", [(8000, 4), (7919, 4), (50265, 2), (8000, 1), (99, 3)])
+def test_blockwise_top_k_and_argmax_equal_torchs(vocab, beams):
+    """The CPU shortcut (maxima per block first) gives torch.topk's and argmax's values and
+    indices, also with ties and -inf (banned tokens) at the edge of the k best."""
+    from bertforge.models.generation.beam import argmax, top_k
+
+    gen = torch.Generator().manual_seed(vocab)
+    scores = torch.log_softmax(torch.randn(6 * beams, vocab, generator=gen) * 3, dim=-1)
+    scores[0, ::2] = -math.inf  # half the vocabulary banned
+    scores[1, 5:] = -math.inf  # fewer finite scores than asked for
+    scores[2, 100 % vocab] = scores[2, 7] = scores[2].max() + 1.0  # a tie for the best
+    rows = scores.view(6, beams * vocab)
+    values, indices = top_k(rows, 2 * beams)
+    want = torch.topk(rows, 2 * beams)
+    assert torch.equal(values, want.values)
+    finite = torch.isfinite(values)
+    assert torch.equal(indices[finite], want.indices[finite])
+    assert torch.equal(argmax(scores), scores.argmax(dim=-1))
 
 
 # --------------------------------------------------------------------------- input errors

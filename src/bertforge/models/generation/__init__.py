@@ -1,5 +1,6 @@
-"""Generation for encoder-decoder models: the settings (``config``) and greedy and beam search on
-a KV cache (``search``)."""
+"""Generation for encoder-decoder models: the settings (``config``), greedy and beam search
+(``search``, ``beam``) with their per-step constraints (``constraints``), and the decoder steps
+they run (``decoders``; bertforge's BART's own in ``bart_decoding``)."""
 
 from bertforge.models.generation.config import GENERATION_CONFIG_NAME, GenerationConfig
 from bertforge.models.generation.search import EncoderDecoderModel, generate

@@ -1,9 +1,13 @@
 """Text generation for encoder-decoder models (BART): greedy search and beam search on a KV cache.
 
-The encoder runs once per call; its output is repeated for every beam. The decoder then runs one
-step per new token for the whole batch (times the beams) and keeps its keys and values in the
-model's cache, which beam search reorders after every step so that each surviving beam carries
-the cache of the beam it came from.
+The encoder runs once per call. The decoder then runs one step per new token for every input
+still in the batch (times the beams) and keeps its keys and values in a cache, which beam search
+reorders after every step so that each surviving beam carries the cache of the beam it came
+from (``decoders``: bertforge's BART through its own generation step, ``bart_decoding``, any
+other model through its ``decode_step``). Every step is batched tensor work; the host reads one
+small tensor per step on a CPU, every few steps on a GPU (``CHECK_EVERY``), to stop, and to drop
+the inputs that are done from the batch (``beam``, :func:`_greedy`), so that the rest of the
+search computes nothing for them.
 
 The settings and their meaning are those of Hugging Face transformers' ``GenerationConfig``, and
 ``generation_config.json`` files move between the two libraries; greedy and beam search produce
@@ -32,26 +36,35 @@ calling :func:`generate`; that is the caller's job. Gradients are never tracked 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from bertforge.errors import ConfigError
-from bertforge.models.generation.config import TOKEN_FIELDS, GenerationConfig, bad_setting, is_int
+from bertforge.models.generation.beam import argmax, beam_search
+from bertforge.models.generation.config import GenerationConfig
+from bertforge.models.generation.constraints import Plan, logits_unused, process
+from bertforge.models.generation.decoders import Decoding, decoding_for
 
-# Score given to a beam or hypothesis slot that must lose every comparison. It is finite, so sums
-# and divisions of such scores stay ordinary numbers.
-_LOSING = -1.0e9
+# Decoder steps between two reads on the host (are inputs done? which leave the batch?). A read
+# waits for the device: on a CPU it costs nothing, on a GPU it stops the host from queueing
+# steps ahead, so there it happens every few steps (done inputs then ride along for up to that
+# many steps, changing nothing).
+CHECK_EVERY = {"cpu": 1}
+CHECK_EVERY_DEFAULT = 4
+
 
 class EncoderDecoderModel(Protocol):
     """What :func:`generate` needs from a model (bertforge's BART has it).
 
     ``config`` carries ``vocab_size`` and the special token ids. ``decode_step`` is called with
     ``cache=None`` first and then with the cache it returned; positions continue from the cache
-    length. ``reorder_cache`` keeps (and reorders) the batch rows named by ``index``.
+    length. ``reorder_cache`` keeps (and reorders) the batch rows named by ``index``; when inputs
+    leave the batch (done), ``index`` names fewer rows and the next ``decode_step`` gets the
+    encoder states of the remaining rows, a new tensor. (bertforge's BART decodes through its
+    own generation step instead, ``bart_decoding``.)
     """
 
     config: Any
@@ -69,214 +82,73 @@ class EncoderDecoderModel(Protocol):
         """The cache with batch rows ``index`` (N,) in that order (may work in place)."""
         ...
 
-@dataclass(frozen=True)
-class _Plan:
-    """The settings of one call, resolved against the model: ids checked, lengths in force."""
 
-    config: GenerationConfig
-    start: int
-    eos: int | None
-    pad: int
-    min_length: int
-    max_length: int
+@dataclass
+class _Rows:
+    """Greedy search state of the B' rows (one per input) still in the batch."""
 
-    @classmethod
-    def build(cls, config: GenerationConfig, model_config: Any) -> "_Plan":
-        start = config.decoder_start_token_id
-        if start is None:
-            start = config.bos_token_id
-        if start is None:
-            raise ConfigError("generation settings decoder_start_token_id and bos_token_id are "
-                              "both null: build them with GenerationConfig.from_model_config"
-                              "(model.config) or set decoder_start_token_id")
-        vocab_size = getattr(model_config, "vocab_size", None)
-        if not is_int(vocab_size):
-            raise ValueError(f"model.config.vocab_size is {vocab_size!r}; the model must give "
-                             "its vocabulary size")
-        for name in TOKEN_FIELDS:
-            value = getattr(config, name)
-            if value is not None and value >= vocab_size:
-                raise bad_setting(name, value, f"the model's vocabulary has ids 0..{vocab_size - 1}; "
-                           "use the ids of the model's config (GenerationConfig."
-                           "from_model_config)")
-        eos = config.eos_token_id
-        # Without EOS no sequence ends early, so the fill value is never seen.
-        pad = config.pad_token_id if config.pad_token_id is not None else (
-            eos if eos is not None else start)
-        shortest, longest = config.length_limits()
-        return cls(config, start, eos, pad, shortest, longest)
+    sequences: torch.Tensor  # (B', L) tokens, pad after the end
+    total: torch.Tensor  # (B',) summed constrained log-probabilities of the generated tokens
+    generated: torch.Tensor  # (B',) tokens generated, EOS included
+    running: torch.Tensor  # (B',) bool: not ended
+    ids: torch.Tensor  # (B',) each row's input index in the call
+
+    def select(self, keep: torch.Tensor) -> _Rows:
+        return _Rows(*(getattr(self, f.name).index_select(0, keep) for f in fields(self)))
+
+    def store(self, into: _Rows) -> None:
+        """Copy these rows into ``into``, the state of every input, at their inputs' places."""
+        for f in fields(self)[:3]:
+            getattr(into, f.name).index_copy_(0, self.ids, getattr(self, f.name))
 
 
-def _ban_repeated_ngrams(scores: torch.Tensor, sequences: torch.Tensor, n: int) -> None:
-    """Set to -inf, in place, every token that would complete an n-gram already present.
-
-    scores: (N, V); sequences: (N, T). An n-gram can only be completed by the next token if its
-    first n-1 tokens equal the sequence's last n-1, so those are compared against every window.
-    """
-    length = sequences.shape[1]
-    if length < n:
-        return
-    windows = sequences.unfold(1, n, 1)  # (N, T-n+1, n)
-    suffix = sequences[:, length - n + 1:]  # (N, n-1)
-    repeats = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=-1)  # (N, T-n+1)
-    vocab = scores.shape[1]
-    # Windows that do not repeat point at a spare column past the vocabulary.
-    target = torch.where(repeats, windows[:, :, -1].clamp(max=vocab), vocab)
-    banned = torch.zeros(scores.shape[0], vocab + 1, dtype=torch.bool, device=scores.device)
-    banned.scatter_(1, target, True)
-    scores.masked_fill_(banned[:, :vocab], -math.inf)
-
-def _process(scores: torch.Tensor, sequences: torch.Tensor, plan: _Plan) -> torch.Tensor:
-    """Apply the step's constraints to ``scores`` (N, V) float32 (changed in place and returned)
-    for decoder sequences ``sequences`` (N, T), start token included; see the module notes."""
-    config = plan.config
-    length = sequences.shape[1]
-    if config.repetition_penalty != 1.0:
-        seen = scores.gather(1, sequences)
-        seen = torch.where(seen < 0, seen * config.repetition_penalty,
-                           seen / config.repetition_penalty)
-        scores.scatter_(1, sequences, seen)
-    if config.no_repeat_ngram_size > 0:
-        _ban_repeated_ngrams(scores, sequences, config.no_repeat_ngram_size)
-    if plan.eos is not None and length < plan.min_length:
-        scores[:, plan.eos] = -math.inf
-    for token, at_length in ((config.forced_bos_token_id, 1),
-                             (config.forced_eos_token_id, plan.max_length - 1)):
-        if token is not None and length == at_length:
-            scores.fill_(-math.inf)
-            scores[:, token] = 0.0
-    return scores
-
-def _last_logits(logits: torch.Tensor, rows: int) -> torch.Tensor:
-    """The last position's logits of a ``decode_step`` output as a fresh (rows, V) float32."""
-    if logits.dim() != 3 or logits.shape[0] != rows:
-        raise ValueError(f"decode_step returned logits of shape {tuple(logits.shape)}; expected "
-                         f"({rows}, T_new, vocab_size)")
-    return logits[:, -1].to(torch.float32, copy=True)
-
-def _greedy(model: EncoderDecoderModel, encoder_hidden: torch.Tensor,
-            encoder_mask: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy search for a batch. Returns (B, T) sequences and (B,) scores: the summed
-    constrained log-probabilities of each row's generated tokens / length ** length_penalty."""
-    rows = encoder_hidden.shape[0]
-    device = encoder_hidden.device
-    sequences = torch.full((rows, 1), plan.start, dtype=torch.long, device=device)
-    running = torch.ones(rows, dtype=torch.bool, device=device)
-    total = torch.zeros(rows, device=device)
-    generated = torch.zeros(rows, dtype=torch.long, device=device)
-    cache = None
-    new_tokens = sequences
-    while True:
-        logits, cache = model.decode_step(new_tokens, encoder_hidden, encoder_mask, cache)
-        scores = _last_logits(logits, rows)
-        log_probs = _process(F.log_softmax(scores, dim=-1), sequences, plan)
-        choice = _process(scores, sequences, plan).argmax(dim=-1)  # (B,)
-        if plan.eos is not None:
-            choice = torch.where(running, choice, plan.pad)
-        total += torch.where(running, log_probs.gather(1, choice[:, None])[:, 0], 0.0)
-        generated += running.long()
-        sequences = torch.cat([sequences, choice[:, None]], dim=1)
-        if plan.eos is not None:
-            running &= choice != plan.eos
-        if sequences.shape[1] >= plan.max_length or not bool(running.any()):
-            break
-        new_tokens = choice[:, None]
-    return sequences, total / generated.to(torch.float32) ** plan.config.length_penalty
-
-def _beam_search(model: EncoderDecoderModel, encoder_hidden: torch.Tensor,
-                 encoder_mask: torch.Tensor, plan: _Plan,
-                 batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Beam search; ``encoder_hidden`` (B*K, S, H) holds each input's output K times in a row.
-
-    Every step extends the K running beams of each input by every token, keeps the 2K best
-    extensions (so that K of them can go on even if K end here), moves the ended ones among the
-    top K to the input's K finished hypotheses when they score better, and continues with the K
-    best that did not end. Returns (B*R, T) sequences, R = num_return_sequences, best first per
-    input, and their (B*R,) length-penalised scores.
-    """
-    config = plan.config
-    beams = config.num_beams
-    width = 2 * beams
-    longest = plan.max_length
-    penalty = config.length_penalty
-    device = encoder_hidden.device
-    row_offset = torch.arange(batch, device=device)[:, None] * beams  # (B, 1)
-    in_top = torch.arange(width, device=device) < beams  # (2K,)
-
-    running = torch.full((batch, beams, longest), plan.pad, dtype=torch.long, device=device)
-    running[:, :, 0] = plan.start
-    # Only the first beam is live at the start, so the K beams do not all pick the same tokens.
-    running_scores = torch.zeros(batch, beams, device=device)
-    running_scores[:, 1:] = _LOSING
-    done = running.clone()  # (B, K, L) finished hypotheses, best first
-    done_scores = torch.full((batch, beams), _LOSING, device=device)
-    done_real = torch.zeros(batch, beams, dtype=torch.bool, device=device)
-    done_lengths = torch.ones(batch, beams, dtype=torch.long, device=device)
-    improvable = torch.ones(batch, 1, dtype=torch.bool, device=device)
-
-    cache = None
-    length = 1
-    new_tokens = running[:, :, 0].reshape(batch * beams, 1)
-    while True:
-        logits, cache = model.decode_step(new_tokens, encoder_hidden, encoder_mask, cache)
-        log_probs = F.log_softmax(_last_logits(logits, batch * beams), dim=-1)
-        log_probs = _process(log_probs, running[:, :, :length].reshape(batch * beams, length),
-                             plan)
-        vocab = log_probs.shape[-1]
-        totals = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None])
-        cand_scores, flat = torch.topk(totals.view(batch, beams * vocab), width)  # (B, 2K)
-        parent = flat // vocab
-        token = flat % vocab
-        candidates = torch.take_along_dim(running, parent[:, :, None], dim=1)  # (B, 2K, L)
-        candidates[:, :, length] = token
-        ends = (token == plan.eos if plan.eos is not None
-                else torch.zeros_like(token, dtype=torch.bool))
-        ends = ends | (length + 1 >= longest)  # (B, 2K)
-
-        # The K best candidates that did not end go on.
-        go_on_scores = cand_scores + ends.to(torch.float32) * _LOSING
-        pick = torch.topk(go_on_scores, beams).indices  # (B, K)
-        running = torch.take_along_dim(candidates, pick[:, :, None], dim=1)
-        running_scores = torch.take_along_dim(go_on_scores, pick, dim=1)
-        parent = torch.take_along_dim(parent, pick, dim=1)
-
-        # Ended candidates among the top K compete with the finished hypotheses; none may enter
-        # a row that is full (early_stopping True) or can no longer improve.
-        ended = ends & in_top
-        scored = cand_scores / (length ** penalty)
-        full = done_real.all(dim=-1, keepdim=True) & (config.early_stopping is True)
-        scored = scored + full.to(torch.float32) * _LOSING
-        scored = scored + (~improvable).to(torch.float32) * _LOSING
-        scored = scored + (~ended).to(torch.float32) * _LOSING
-        merged_scores = torch.cat([done_scores, scored], dim=1)  # (B, 3K)
-        keep = torch.topk(merged_scores, beams).indices  # (B, K)
-        done_scores = torch.take_along_dim(merged_scores, keep, dim=1)
-        done = torch.take_along_dim(torch.cat([done, candidates], dim=1), keep[:, :, None], dim=1)
-        done_real = torch.take_along_dim(torch.cat([done_real, ended], dim=1), keep, dim=1)
-        new_lengths = torch.full_like(token, length + 1)
-        done_lengths = torch.take_along_dim(torch.cat([done_lengths, new_lengths], dim=1), keep,
-                                            dim=1)
-        length += 1
-
-        # Could the best running beam still beat the worst finished hypothesis?
-        if config.early_stopping == "never" and penalty > 0:
-            best_length = longest - 1
+def _greedy(decoding: Decoding, plan: Plan, batch: int, device: torch.device,
+            check_every: int, with_scores: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Greedy search for ``batch`` inputs. Returns (B, T) sequences and, ``with_scores``, (B,)
+    scores: the summed constrained log-probabilities of each row's generated tokens / length **
+    length_penalty. Rows that ended leave the batch at the next read on the host."""
+    sequences = torch.full((batch, plan.max_length), plan.pad, dtype=torch.long, device=device)
+    sequences[:, 0] = plan.start
+    rows = _Rows(sequences, torch.zeros(batch, device=device),
+                 torch.zeros(batch, dtype=torch.long, device=device),
+                 torch.ones(batch, dtype=torch.bool, device=device),
+                 torch.arange(batch, device=device))
+    results = rows.select(rows.ids)  # a copy: every input's final state, filled as rows leave
+    tokens = sequences[:, 0]
+    for length in range(1, plan.max_length):
+        if logits_unused(plan, length):
+            scores = torch.zeros(tokens.shape[0], plan.vocab_size, device=device)
         else:
-            best_length = length - 1
-        best_running = running_scores[:, :1] / (best_length ** penalty)  # (B, 1)
-        worst_done = torch.where(done_real, done_scores.min(dim=1, keepdim=True).values,
-                                 _LOSING)  # (B, K)
-        improvable = improvable & (best_running > worst_done).any(dim=-1, keepdim=True)
-        if (not bool(improvable.any()) or bool(ends.all())
-                or (config.early_stopping is True and bool(done_real.all()))):
+            scores = decoding.step(tokens)  # (B', V)
+        history = rows.sequences[:, :length]
+        if with_scores:
+            log_probs = process(F.log_softmax(scores, dim=-1), history, plan)
+        tokens = argmax(process(scores, history, plan))  # (B',)
+        if plan.eos is not None:
+            tokens = torch.where(rows.running, tokens, plan.pad)
+        if with_scores:
+            rows.total += torch.where(rows.running, log_probs.gather(1, tokens[:, None])[:, 0],
+                                      0.0)
+        rows.generated += rows.running
+        rows.sequences[:, length] = tokens
+        if plan.eos is not None:
+            rows.running &= tokens != plan.eos
+        if plan.eos is None or length + 1 == plan.max_length or length % check_every:
+            continue
+        flags = rows.running.tolist()  # the one read on the host
+        if not any(flags):
             break
-        cache = model.reorder_cache(cache, (parent + row_offset).reshape(-1))
-        new_tokens = running[:, :, length - 1].reshape(batch * beams, 1)
+        if not all(flags):
+            rows.select(torch.tensor([i for i, f in enumerate(flags) if not f],
+                                     device=device)).store(results)
+            keep = torch.tensor([i for i, f in enumerate(flags) if f], device=device)
+            rows, tokens = rows.select(keep), tokens.index_select(0, keep)
+            decoding.reorder(keep, keep)
+    rows.store(results)
+    width = int(results.generated.max()) + 1
+    scores = results.total / results.generated.to(torch.float32) ** plan.config.length_penalty
+    return results.sequences[:, :width], (scores if with_scores else None)
 
-    returned = config.num_return_sequences
-    output_length = int(done_lengths[:, :returned].max())
-    sequences = done[:, :returned, :output_length].reshape(batch * returned, output_length)
-    return sequences, done_scores[:, :returned].reshape(-1)
 
 def _check_inputs(input_ids: Any, attention_mask: Any) -> torch.Tensor:
     """The attention mask to use ((B, S), all ones when None); ValueError for bad inputs."""
@@ -347,13 +219,14 @@ def generate(model: EncoderDecoderModel, input_ids: torch.Tensor,
     if overrides:
         config = config.replace(**overrides)
     attention_mask = _check_inputs(input_ids, attention_mask)
-    plan = _Plan.build(config, model.config)
+    plan = Plan.build(config, model.config)
     encoder_hidden = model.encode(input_ids, attention_mask)
-    batch = input_ids.shape[0]
+    batch, device = input_ids.shape[0], input_ids.device
+    decoding = decoding_for(model, encoder_hidden, attention_mask, config.num_beams,
+                            plan.max_length)
+    check_every = CHECK_EVERY.get(device.type, CHECK_EVERY_DEFAULT)
     if config.num_beams == 1:
-        sequences, scores = _greedy(model, encoder_hidden, attention_mask, plan)
+        sequences, scores = _greedy(decoding, plan, batch, device, check_every, return_scores)
     else:
-        sequences, scores = _beam_search(
-            model, encoder_hidden.repeat_interleave(config.num_beams, dim=0),
-            attention_mask.repeat_interleave(config.num_beams, dim=0), plan, batch)
+        sequences, scores = beam_search(decoding, plan, batch, device, check_every)
     return (sequences, scores) if return_scores else sequences
