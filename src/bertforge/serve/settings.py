@@ -21,11 +21,18 @@ class ServeSettings:
     both name the option to change."""
 
     max_batch_tokens: int = 8192
-    """Token budget of one model call: the sum of its items' costs (padded tokens)."""
+    """Token budget of one model call: the sum of its items' tokens when the model runs a
+    batch on its real tokens only (the PyTorch pipelines), else its rows times its longest row
+    (a padded batch, as ONNX runs it)."""
     max_batch_items: int = 32
     """Items per model call, and the most items one ``{"inputs": [...]}`` request may hold."""
     max_wait_ms: float = 5.0
-    """How long the oldest queued item waits for others to join its batch."""
+    """The most a request waits for others to join its batch; it waits only while more are
+    known to be coming (see :mod:`bertforge.serve.batching`), never when it is alone."""
+    model_threads: int = 0
+    """CPU threads of one forward pass (intra-op) when the model runs in the server process;
+    0: ``OMP_NUM_THREADS`` when set, else every core but one (at least 1), which is left to
+    HTTP and tokenization (:func:`bertforge.serve.execution.model_threads`)."""
     max_body_bytes: int = 1 << 20
     """Largest request body accepted, with or without Content-Length (413 beyond)."""
     max_text_chars: int = 100_000
@@ -61,6 +68,10 @@ class ServeSettings:
                 raise ConfigError(f"{option(f.name)} must be > 0 seconds (got {value})")
         if self.max_wait_ms < 0:
             raise ConfigError(f"--max-wait-ms must be >= 0 (got {self.max_wait_ms})")
+        if isinstance(self.model_threads, bool) or not isinstance(self.model_threads, int) \
+                or self.model_threads < 0:
+            raise ConfigError(f"--model-threads must be a whole number >= 0, 0 for automatic "
+                              f"(got {self.model_threads!r})")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key is empty; pass a non-empty key or leave it unset")
 
@@ -75,7 +86,7 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-LIMIT_NAMES = tuple(f.name for f in dataclasses.fields(ServeSettings) if f.name != "api_key")
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(ServeSettings) if f.name != "api_key")
 """The settings ``serve()`` takes as keyword arguments (the API key has its own handling)."""
 
-__all__ = ["LIMIT_NAMES", "ServeSettings", "option"]
+__all__ = ["SETTING_NAMES", "ServeSettings", "option"]

@@ -140,8 +140,8 @@ class TeiApi:
         special = flag(body, "add_special_tokens", True)
         tokenizer = self.pipeline.tokenizer
         try:
-            return await self.batcher.in_worker(_tokens, tokenizer, [t for _, t in texts],
-                                                special)
+            return await self.batcher.parse(_tokens, tokenizer, [t for _, t in texts],
+                                            special)
         except BatcherClosed:
             raise ApiError(503, "the server is shutting down; retry on another "
                                 "instance") from None

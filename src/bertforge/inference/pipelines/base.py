@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -219,6 +220,15 @@ class Pipeline(ABC):
             return self.parse({**item, **fields})
         except InputError as exc:
             raise (exc if index is None else exc.within(f"inputs[{index}]")) from None
+
+    def parsing_copy(self) -> Pipeline:
+        """A copy of this pipeline that can ``parse`` on another thread while this one runs
+        batches (a server tokenizes off its model's thread): its own tokenizer (encoding sets
+        the tokenizer's truncation, and an item's ``truncate`` the pipeline's) and its own
+        settings; it shares the model, which parsing only reads. Parses exactly as this one."""
+        clone = copy.copy(self)
+        clone.tokenizer = copy.deepcopy(self.tokenizer)
+        return clone
 
     def describe(self) -> dict:
         """What /health and the OpenAPI examples show: task, model, limits, an example item."""

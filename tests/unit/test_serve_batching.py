@@ -1,0 +1,321 @@
+"""The server's batching on its own: how batches form under the padded token budget, when an
+idle model waits for company (and when it does not), where parsing runs, the model's thread
+count, and an app answering concurrent requests as it answers them one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import torch
+
+from bertforge.errors import ConfigError
+from bertforge.inference.pipelines import load_pipeline
+from bertforge.models import BertConfig, BertForSequenceClassification
+from bertforge.serve.batching import BatchStats, DynamicBatcher
+from bertforge.serve.execution import BatchRunner, model_threads
+from bertforge.commands.serve import ServeConfig
+from bertforge.serve.settings import SETTING_NAMES, ServeSettings
+from bertforge.tokenization import BertTokenizer
+
+WORDS = "a good film with great acting bad boring plot long short story of the".split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+
+
+def _echo(calls: list[list[Any]], delay: float = 0.0, threads: list[str] | None = None):
+    def run(requests):
+        calls.append(list(requests))
+        if threads is not None:
+            threads.append(threading.current_thread().name)
+        time.sleep(delay)
+        return [f"<{r}>" for r in requests]
+    return run
+
+
+def _batcher(run, *, items: int = 8, tokens: int = 1000, wait_ms: float = 300.0, **kw):
+    return DynamicBatcher(run, max_batch_tokens=tokens, max_batch_items=items,
+                          max_wait_ms=wait_ms, **kw)
+
+
+# ------------------------------------------------------------------------- batch formation
+
+
+def test_budget_counts_padded_tokens_and_groups_similar_lengths() -> None:
+    calls: list[list[Any]] = []
+    stats: list[BatchStats] = []
+
+    async def main() -> None:
+        batcher = _batcher(_echo(calls, 0.01), tokens=100, on_batch=stats.append)
+        await batcher.start()
+        # (name, tokens, longest row): "qa" is two windows of 30 (60 tokens, 2 rows).
+        shapes = [("s1", 10, 10), ("long", 50, 50), ("s2", 12, 12), ("s3", 9, 9),
+                  ("qa", 60, 30), ("s4", 11, 11), ("s5", 10, 10)]
+        out = await asyncio.gather(*(batcher.submit(n, t, w) for n, t, w in shapes))
+        assert out == [f"<{n}>" for n, _, _ in shapes]
+        await batcher.close()
+
+    asyncio.run(main())
+    # All queued before the first batch forms. The oldest (s1) takes the short ones closest to
+    # its length while rows x the longest row stay within 100 (5 x 12 = 60): the QA request's
+    # 2 rows of 30 would make it 7 x 30. "long" runs next, alone (with the QA request it would
+    # be 3 x 50), then the QA request.
+    assert calls == [["s1", "s2", "s3", "s4", "s5"], ["long"], ["qa"]]
+    assert [s.padded_tokens for s in stats] == [60, 50, 60]
+    assert [s.tokens for s in stats] == [52, 50, 60]
+
+
+def test_budget_counts_real_tokens_for_a_model_that_runs_real_tokens_only() -> None:
+    calls: list[list[Any]] = []
+
+    async def main() -> None:
+        batcher = _batcher(_echo(calls, 0.01), tokens=100, padded=False)
+        await batcher.start()
+        shapes = [("s1", 10, 10), ("long", 50, 50), ("s2", 12, 12), ("qa", 60, 30)]
+        await asyncio.gather(*(batcher.submit(n, t, w) for n, t, w in shapes))
+        await batcher.close()
+
+    asyncio.run(main())
+    # Closest lengths first: 10 + 12 + 60 <= 100, where padded it would be 4 x 30 = 120 (the
+    # QA request's two rows); "long" (50) does not fit beside them.
+    assert calls == [["s1", "s2", "qa"], ["long"]]
+
+
+def test_item_cap_and_a_request_over_the_budget_alone() -> None:
+    calls: list[list[Any]] = []
+
+    async def main() -> None:
+        batcher = _batcher(_echo(calls, 0.01), items=3, tokens=40)
+        await batcher.start()
+        await asyncio.gather(*(batcher.submit(i, c) for i, c in
+                               enumerate([5, 5, 5, 5, 90, 5])))
+        await batcher.close()
+
+    asyncio.run(main())
+    assert calls == [[0, 1, 2], [3, 5], [4]]
+
+
+# ------------------------------------------------------------------------- the adaptive window
+
+
+def test_a_lone_request_is_not_delayed_by_the_window() -> None:
+    stats: list[BatchStats] = []
+
+    async def main() -> float:
+        batcher = _batcher(_echo([]), wait_ms=500, on_batch=stats.append)
+        await batcher.start()
+        started = time.monotonic()
+        for i in range(5):  # one client, one request after another
+            assert await batcher.submit(i, 3) == f"<{i}>"
+        elapsed = time.monotonic() - started
+        await batcher.close()
+        return elapsed
+
+    # Five requests in well under one 500 ms window: none waited for company (generous bound
+    # for a loaded machine; the queue time itself is a few hundred microseconds).
+    assert asyncio.run(main()) < 1.0
+    assert len(stats) == 5 and max(q for s in stats for q in s.queue_seconds) < 0.2
+
+
+def test_clients_answered_together_are_waited_for_when_they_come_back() -> None:
+    calls: list[list[Any]] = []
+
+    async def client(batcher: DynamicBatcher, name: str, pause: float) -> None:
+        for round_ in range(3):
+            await batcher.submit(f"{name}{round_}", 1)
+            await asyncio.sleep(pause)  # the client reads its answer, then sends the next
+
+    async def main() -> None:
+        batcher = _batcher(_echo(calls, 0.02), wait_ms=300)
+        await batcher.start()
+        await asyncio.gather(*(client(batcher, n, 0.01 * k) for k, n in enumerate("abc")))
+        await batcher.close()
+
+    asyncio.run(main())
+    # The first round arrives together; each later round trickles in over 20 ms after the
+    # batch that answered it, and the idle model waits for all three instead of running the
+    # first alone.
+    assert calls == [["a0", "b0", "c0"], ["a1", "b1", "c1"], ["a2", "b2", "c2"]]
+
+
+def test_announced_requests_are_waited_for_and_withdrawing_them_ends_the_wait() -> None:
+    calls: list[list[Any]] = []
+
+    async def main() -> tuple[float, float]:
+        batcher = _batcher(_echo(calls), wait_ms=400)
+        await batcher.start()
+        batcher.expect(2)  # two requests received, being tokenized
+        batcher.expect(-1)  # the first is parsed: enqueued at once, as answer_items does
+        first = batcher.enqueue("x", 1)
+        await asyncio.sleep(0.05)
+        assert not first.done()  # the idle model waits for the announced second one ...
+        started = time.monotonic()
+        batcher.expect(-1)  # ... whose parse failed: no reason to wait any longer
+        await first
+        withdrawn = time.monotonic() - started
+        await asyncio.sleep(0.5)  # an idle spell longer than the window
+        batcher.expect(1)
+        batcher.expect(-1)
+        started = time.monotonic()
+        assert await batcher.enqueue("y", 1) == "<y>"  # nothing else announced: no wait
+        alone = time.monotonic() - started
+        await batcher.close()
+        return withdrawn, alone
+
+    withdrawn, alone = asyncio.run(main())
+    assert withdrawn < 0.2 and alone < 0.2
+    assert calls == [["x"], ["y"]]
+
+
+# ------------------------------------------------------------------------- parsing thread
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_parsing_runs_apart_from_the_model_only_when_allowed(apart: bool) -> None:
+    model_threads_seen: list[str] = []
+
+    async def main() -> str:
+        batcher = _batcher(_echo([], threads=model_threads_seen), parse_apart=apart)
+        await batcher.start()
+        parsed_on = await batcher.parse(lambda: threading.current_thread().name)
+        await batcher.submit("r", 1)
+        await batcher.close()
+        return parsed_on
+
+    parsed_on = asyncio.run(main())
+    assert (parsed_on != model_threads_seen[0]) is apart
+
+
+# ------------------------------------------------------------------------- settings, threads
+
+
+def test_model_threads_setting_and_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ConfigError, match="--model-threads must be a whole number >= 0"):
+            ServeSettings(model_threads=bad)
+    assert "model_threads" in SETTING_NAMES
+    assert ServeConfig(model="m", model_threads=2).model_threads == 2  # the command's option
+    assert model_threads(3) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert model_threads(0) == 5
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr("bertforge.serve.execution.cores", lambda: 2)
+    assert model_threads(0) == 1
+    monkeypatch.setattr("bertforge.serve.execution.cores", lambda: 1)
+    assert model_threads(0) == 1
+
+
+# ------------------------------------------------------------------------- real pipelines
+
+
+@pytest.fixture(scope="module")
+def classify_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("serve_batching") / "classify"
+    torch.manual_seed(0)
+    config = BertConfig.from_preset("bert-tiny", vocab_size=len(VOCAB), max_position_embeddings=64,
+                                    num_labels=2, id2label={0: "negative", 1: "positive"},
+                                    finetuning_task="classification")
+    BertForSequenceClassification(config).save_pretrained(root, tokenizer=BertTokenizer(VOCAB))
+    return root
+
+
+TEXTS = ["a good film", "bad plot", "a long story of a boring film with bad acting and a plot",
+         "great", "the story of a film with great acting", "short"]
+
+
+def test_parsing_copy_parses_alike_with_its_own_tokenizer(classify_dir: Path) -> None:
+    pipe = load_pipeline(classify_dir, device="cpu", max_length=8)
+    parser = pipe.parsing_copy()
+    assert parser.tokenizer is not pipe.tokenizer and parser.model is pipe.model
+    item = {"text": TEXTS[2], "truncate": True}
+    assert parser.parse(item) == pipe.parse(item)
+    assert parser.truncation == pipe.truncation == "error"  # an item's choice is put back
+
+
+def test_lone_items_run_padded_and_batches_on_real_tokens(classify_dir: Path) -> None:
+    pipe = load_pipeline(classify_dir, device="cpu")
+    flags = [m for m in pipe.model.modules() if hasattr(m, "unpad")]
+    assert flags and all(m.unpad for m in flags)  # the pipeline's own setting
+    runner = BatchRunner(pipe)
+    requests = [pipe.parse({"text": t}) for t in TEXTS]
+    alone = [pipe([r])[0] for r in requests]
+    (lone,) = runner(requests[:1])
+    assert not any(m.unpad for m in flags)  # no padding to remove: run padded
+    together = runner(requests)
+    assert all(m.unpad for m in flags)  # a mixed-length batch: its real tokens only
+    for a, b in zip([alone[0], *alone], [lone, *together]):
+        assert a["label"] == b["label"] and a["score"] == pytest.approx(b["score"], abs=1e-6)
+    assert BatchRunner(object())._unpadded == []  # a wrapper without a model: called as is
+
+
+@pytest.fixture
+def served(classify_dir: Path) -> Iterator[str]:
+    import uvicorn
+
+    from bertforge.serve.app import create_app
+    from bertforge.serve.server import uvicorn_config
+
+    settings = ServeSettings(max_wait_ms=50)
+    app = create_app(load_pipeline(classify_dir, device="cpu"), settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn_config(app, settings, "critical", configure_logging=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "the server did not start"
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def test_concurrent_requests_share_batches_and_get_the_answers_of_lone_ones(served: str) -> None:
+    route = "/v1/text-classification"
+    with httpx.Client(base_url=served, timeout=30) as client:
+        alone = [client.post(route, json={"text": t}).json() for t in TEXTS]
+        lone_queue = _queue_seconds(client.get("/metrics").text)
+
+    async def together() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=served, timeout=30) as client:
+            return await asyncio.gather(*(client.post(route, json={"text": t}) for t in TEXTS * 3))
+
+    responses = asyncio.run(together())
+    assert [r.status_code for r in responses] == [200] * len(TEXTS) * 3
+    for got, want in zip([r.json() for r in responses], alone * 3):
+        assert got["label"] == want["label"]
+        assert got["scores"] == pytest.approx(want["scores"], abs=1e-6)
+    with httpx.Client(base_url=served, timeout=30) as client:
+        text = client.get("/metrics").text
+    sizes = [s for s in _samples(text, "bertforge_batch_size_bucket")
+             if s.labels["task"] == "text-classification"]
+    ones = next(s.value for s in sizes if s.labels["le"] == "1.0")
+    assert ones < next(s.value for s in sizes if s.labels["le"] == "+Inf")  # some shared
+    # One client, one request at a time: none waited for the 50 ms window.
+    assert lone_queue[1] == len(TEXTS) and lone_queue[0] / lone_queue[1] < 0.02
+
+
+def _samples(text: str, name: str) -> list[Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == name]
+
+
+def _queue_seconds(text: str) -> tuple[float, float]:
+    """(sum, count) of the classification route's queue times."""
+    total = sum(s.value for s in _samples(text, "bertforge_queue_seconds_sum")
+                if s.labels["task"] == "text-classification")
+    count = sum(s.value for s in _samples(text, "bertforge_queue_seconds_count")
+                if s.labels["task"] == "text-classification")
+    return total, count
