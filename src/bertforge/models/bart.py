@@ -13,17 +13,21 @@ worth knowing when reading it:
   adds a final ``layer_norm`` to each stack (mBART);
 * the LM head adds ``final_logits_bias``, a buffer transformers keeps at zero.
 
-The encoder's self-attention runs through ``bertforge.ops.attention.attend`` (padded rows or,
-unpadded, a variable-length kernel: the same layer code), the decoder's through
-``scaled_dot_product_attention`` (causal, with a key/value cache). Generation uses ``encode``,
-``decode_step`` and ``reorder_cache`` with a ``KVCache`` (see ``bertforge.models.generation``).
+Padding is removed once, at the encoder's entry, when ``unpad`` is set on the stacks (from
+outside: ``bertforge.train.parallelize``, ``train.unpad``): the encoder runs on its real tokens
+(``bertforge.ops.unpad`` / ``ops.attention``, as BERT), and a teacher-forced decoder on each
+row's columns up to its last scored target (``bertforge.models.bart_varlen``: causal
+self-attention per target, cross-attention over its own source's real tokens), so no matmul,
+LayerNorm or vocabulary projection is spent on padding. Outputs at real positions equal the
+padded pass. Generation uses ``encode``, ``decode_step`` and ``reorder_cache`` with a ``KVCache``
+on padded rows (see ``bertforge.models.generation``); the layers are in ``bart_layers``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,20 +37,12 @@ from torch.utils.checkpoint import checkpoint
 from bertforge.errors import DataError
 from bertforge.models.bart_cache import KVCache, LayerCache
 from bertforge.models.bart_config import BartConfig
+from bertforge.models.bart_layers import (POSITION_OFFSET, BartDecoderLayer, BartEncoderLayer,
+                                          BartLearnedPositionalEmbedding, PaddedDecoding,
+                                          decoder_self_mask)
+from bertforge.models.bart_varlen import Seq2SeqLayout, target_layout
 from bertforge.models.hub import PreTrainedModel
-from bertforge.ops.attention import Attend, attend
 from bertforge.ops.unpad import Layout, TokenLayout, batch_layout, padding_keep_mask
-
-POSITION_OFFSET = 2  # BART's learned positions start at row 2 (a fairseq legacy kept by all ports)
-
-
-def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The activation called ``name`` in a BART config (validated by ``BartConfig``)."""
-    if name == "gelu":
-        return F.gelu
-    if name == "gelu_new":
-        return lambda x: F.gelu(x, approximate="tanh")
-    return torch.tanh if name == "tanh" else F.relu
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int,
@@ -60,149 +56,7 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int,
 
 
 # ---------------------------------------------------------------------------------------------
-# Building blocks
-
-
-class BartAttention(nn.Module):
-    """Multi-head attention: self-attention (causal or not) or cross-attention over the encoder."""
-
-    def __init__(self, d_model: int, num_heads: int, dropout: float) -> None:
-        super().__init__()
-        self.num_heads, self.head_dim, self.dropout_p = num_heads, d_model // num_heads, dropout
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
-        self.varlen_backend = "auto"
-        """Kernel for unpadded tokens (``bertforge.ops.attention.BACKENDS``); set from outside
-        (``bertforge.train.parallelize``)."""
-
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape  # (B, T, D) -> (B, heads, T, head_dim)
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-
-    def project_kv(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``states`` (B, T, D), split into heads."""
-        return self._heads(self.k_proj(states)), self._heads(self.v_proj(states))
-
-    def forward(self, hidden: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None, is_causal: bool = False) -> torch.Tensor:
-        """Queries from ``hidden`` (B, T, D) over keys/values (B, heads, S, head_dim);
-        ``mask`` bool, broadcastable to (B, heads, T, S), True = may attend -> (B, T, D)."""
-        b, t, d = hidden.shape
-        q = self._heads(self.q_proj(hidden))
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
-            dropout_p=self.dropout_p if self.training else 0.0)
-        return self.out_proj(context.transpose(1, 2).reshape(b, t, d))
-
-    def self_attend(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
-        """Bidirectional self-attention (the encoder's): hidden (B, S, D) with a keep mask or
-        None, or unpadded (T, D) with its ``TokenLayout`` -> the shape of hidden."""
-        # (..., D) -> (..., heads, head_dim)
-        q, k, v = (proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
-        context = attend(q, k, v, where, self.dropout_p if self.training else 0.0,
-                         self.varlen_backend)
-        return self.out_proj(context.flatten(-2))
-
-
-class _Block(nn.Module):
-    """Shared residual plumbing: post-LN ``norm(x + drop(f(x)))`` or pre-LN ``x + drop(f(norm(x)))``."""
-
-    def __init__(self, config: BartConfig) -> None:
-        super().__init__()
-        self.pre_ln = config.normalize_before
-        self.dropout = nn.Dropout(config.dropout)
-
-    def residual(self, x: torch.Tensor, norm: nn.LayerNorm,
-                 branch: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        if self.pre_ln:
-            return x + self.dropout(branch(norm(x)))
-        return norm(x + self.dropout(branch(x)))
-
-
-class BartEncoderLayer(_Block):
-    """Self-attention block, then feed-forward block."""
-
-    def __init__(self, config: BartConfig) -> None:
-        super().__init__(config)
-        d, eps = config.d_model, config.layer_norm_eps
-        self.self_attn = BartAttention(d, config.encoder_attention_heads, config.attention_dropout)
-        self.self_attn_layer_norm = nn.LayerNorm(d, eps=eps)
-        self.fc1 = nn.Linear(d, config.encoder_ffn_dim)
-        self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
-        self.final_layer_norm = nn.LayerNorm(d, eps=eps)
-        self.act = activation(config.activation_function)
-        self.activation_dropout = nn.Dropout(config.activation_dropout)
-
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.activation_dropout(self.act(self.fc1(x))))
-
-    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
-        """(B, S, D), where (B, 1, 1, S) bool or None -> (B, S, D); or unpadded (T, D) with its
-        ``TokenLayout`` -> (T, D)."""
-        hidden = self.residual(hidden, self.self_attn_layer_norm,
-                               lambda x: self.self_attn.self_attend(x, where))
-        return self.residual(hidden, self.final_layer_norm, self.feed_forward)
-
-
-class BartDecoderLayer(BartEncoderLayer):
-    """Causal self-attention block, cross-attention block, feed-forward block."""
-
-    def __init__(self, config: BartConfig) -> None:
-        super().__init__(config.replace(encoder_attention_heads=config.decoder_attention_heads,
-                                        encoder_ffn_dim=config.decoder_ffn_dim))
-        d = config.d_model
-        self.encoder_attn = BartAttention(d, config.decoder_attention_heads,
-                                          config.attention_dropout)
-        self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-
-    def forward(self, hidden: torch.Tensor, self_mask: torch.Tensor | None,  # type: ignore[override]
-                causal: bool, encoder_hidden: torch.Tensor, cross_keep: torch.Tensor | None,
-                cache: LayerCache | None = None) -> torch.Tensor:
-        """hidden (B, T, D); self_mask (B or 1, 1, T, T_past + T) bool, or None with ``causal``
-        (plain causal attention over the T tokens) or without (every key visible: one new token
-        after the cache); encoder_hidden (B, S, D); cross_keep (B, 1, 1, S) or None."""
-        def attend_self(x: torch.Tensor) -> torch.Tensor:
-            k, v = self.self_attn.project_kv(x)
-            if cache is not None:
-                k, v = cache.append(k, v)
-            return self.self_attn(x, k, v, self_mask, is_causal=causal)
-
-        def attend_encoder(x: torch.Tensor) -> torch.Tensor:
-            if cache is not None:
-                k, v = cache.cross(encoder_hidden, self.encoder_attn.project_kv)
-            else:
-                k, v = self.encoder_attn.project_kv(encoder_hidden)
-            return self.encoder_attn(x, k, v, cross_keep)
-
-        hidden = self.residual(hidden, self.self_attn_layer_norm, attend_self)
-        hidden = self.residual(hidden, self.encoder_attn_layer_norm, attend_encoder)
-        return self.residual(hidden, self.final_layer_norm, self.feed_forward)
-
-
-class BartLearnedPositionalEmbedding(nn.Embedding):
-    """Learned positions; position p is row p + 2 (BART's offset)."""
-
-    def __init__(self, max_positions: int, d_model: int) -> None:
-        super().__init__(max_positions + POSITION_OFFSET, d_model)
-        self.max_positions = max_positions
-
-    def forward(self, length: int, start: int = 0) -> torch.Tensor:  # type: ignore[override]
-        """Embeddings of positions start .. start + length - 1: (length, D)."""
-        self.check(start + length)
-        positions = torch.arange(start + POSITION_OFFSET, start + length + POSITION_OFFSET,
-                                 device=self.weight.device)
-        return super().forward(positions)
-
-    def check(self, end: int) -> None:
-        """DataError when a sequence reaches ``end`` tokens, more than the table holds."""
-        if end > self.max_positions:
-            raise DataError(
-                f"a sequence reaches {end} tokens but the model's "
-                f"max_position_embeddings is {self.max_positions}: truncate inputs (e.g. lower "
-                f"data.max_seq_length, data.max_target_length or generation max_length)")
+# Stacks (the layers are in bertforge.models.bart_layers)
 
 
 class _Stack(nn.Module):
@@ -252,44 +106,27 @@ class BartEncoder(_Stack):
         super().__init__(config, shared,
                          nn.ModuleList(BartEncoderLayer(config) for _ in range(config.encoder_layers)))
         self.unpad = False
-        """Run the layers on the real tokens only (``bertforge.ops.unpad``); the output is
-        re-padded for the decoder, with zeros at padding. Set from outside
-        (``bertforge.train.parallelize``)."""
+        """Run the layers on the real tokens only (``bertforge.ops.unpad``); ``forward`` re-pads
+        the output, with zeros at padding. Set from outside (``bertforge.train.parallelize``)."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 layout: TokenLayout | None = None) -> torch.Tensor:
         """(B, S) ids and padding mask (1 = real) -> (B, S, D). ``layout``: the source's
         ``TokenLayout`` when the loader computed it."""
+        hidden, where = self.encode_tokens(input_ids, attention_mask, layout)
+        return where.exit(hidden)
+
+    def encode_tokens(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      layout: TokenLayout | None = None) -> tuple[torch.Tensor, Layout]:
+        """The encoder's states in the layout it ran in: (B, S, D) with a ``RowLayout``, or the
+        real tokens' (T, D) with their ``TokenLayout`` (``unpad`` on and padding to remove)."""
         # Padded rows or the real tokens only: the same code, the layout moves the states.
         where: Layout = batch_layout(input_ids, attention_mask, layout=layout, unpad=self.unpad)
         self.embed_positions.check(input_ids.shape[-1])
         hidden = self.embed(where.enter(input_ids), positions=where.positions)  # (B, S, D)|(T, D)
         for layer in self.layers:
             hidden = self.run_layer(layer, hidden, where.attend)
-        return where.exit(self.finish(hidden))
-
-
-def decoder_self_mask(length: int, past: int, attention_mask: torch.Tensor | None,
-                      device: torch.device) -> tuple[torch.Tensor | None, bool]:
-    """Self-attention mask of ``length`` new decoder tokens after ``past`` cached ones, as
-    ``(mask, causal)``.
-
-    Without padding no tensor is built: ``(None, True)`` for plain causal attention over the new
-    tokens (no past; SDPA's ``is_causal`` kernels), ``(None, False)`` for one new token after the
-    cache (it sees every key). Otherwise a (1 or B, 1, T, past + T) bool mask, True = may attend:
-    causal, and with ``attention_mask`` (B, past + T) padding keys hidden. A query with nothing
-    to attend to (a left pad) attends everywhere instead, so outputs stay finite.
-    """
-    padded = attention_mask is not None and not bool(attention_mask.bool().all())
-    if not padded and (past == 0 or length == 1):
-        return None, past == 0 and length > 1
-    total = past + length
-    rows = torch.arange(past, total, device=device)[:, None]
-    keep = (torch.arange(total, device=device)[None, :] <= rows)[None, None]  # (1, 1, T, total)
-    if padded:
-        keep = keep & attention_mask.bool()[:, None, None, :]
-        keep = keep | ~keep.any(dim=-1, keepdim=True)
-    return keep, False
+        return self.finish(hidden), where
 
 
 class BartDecoder(_Stack):
@@ -298,6 +135,9 @@ class BartDecoder(_Stack):
     def __init__(self, config: BartConfig, shared: nn.Embedding) -> None:
         super().__init__(config, shared,
                          nn.ModuleList(BartDecoderLayer(config) for _ in range(config.decoder_layers)))
+        self.unpad = False
+        """Teacher-forced passes run on the decoder's real tokens only when the encoder ran
+        unpadded (``BartModel.run``). Set from outside (``bertforge.train.parallelize``)."""
 
     def forward(self, input_ids: torch.Tensor, encoder_hidden: torch.Tensor,
                 encoder_attention_mask: torch.Tensor | None,
@@ -311,14 +151,24 @@ class BartDecoder(_Stack):
         hidden = self.embed(input_ids, past)
         self_mask, causal = decoder_self_mask(input_ids.shape[1], past, attention_mask,
                                               input_ids.device)
-        cross_keep = padding_keep_mask(encoder_attention_mask)
+        where = PaddedDecoding(self_mask, causal, padding_keep_mask(encoder_attention_mask))
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layers[i] if cache is not None else None
             if layer_cache is not None:  # the cache is mutated, so never recompute here
-                hidden = layer(hidden, self_mask, causal, encoder_hidden, cross_keep, layer_cache)
+                hidden = layer(hidden, encoder_hidden, where, layer_cache)
             else:
-                hidden = self.run_layer(layer, hidden, self_mask, causal, encoder_hidden,
-                                        cross_keep)
+                hidden = self.run_layer(layer, hidden, encoder_hidden, where)
+        return self.finish(hidden)
+
+    def decode_tokens(self, input_ids: torch.Tensor, encoder_tokens: torch.Tensor,
+                      where: Seq2SeqLayout) -> torch.Tensor:
+        """Teacher forcing on unpadded tokens: input_ids (B, T), the encoder's unpadded states
+        (T_s, D) -> the states of ``where.target``'s T_t tokens, (T_t, D)."""
+        self.embed_positions.check(input_ids.shape[-1])
+        target = where.target
+        hidden = self.embed(target.unpad(input_ids), positions=target.positions)  # (T_t, D)
+        for layer in self.layers:
+            hidden = self.run_layer(layer, hidden, encoder_tokens, where)
         return self.finish(hidden)
 
 
@@ -388,6 +238,36 @@ class Seq2SeqLMOutput:
     """(B, S, D) encoder output."""
 
 
+@dataclass
+class Seq2SeqStates:
+    """``BartModel.run``'s result: the decoder's states where it computed them."""
+
+    decoder: torch.Tensor
+    """(B, T, D) padded rows, or (T_t, D) the tokens of ``target``."""
+    target: TokenLayout | None
+    """Where the unpadded decoder's tokens are in the (B, T) batch; None: padded rows."""
+    encoder: torch.Tensor
+    """(B, S, D) encoder output, zeros at padding after an unpadded pass."""
+
+    def padded_decoder(self) -> torch.Tensor:
+        """(B, T, D) decoder states (zeros where an unpadded pass did no work)."""
+        if self.target is None:
+            return self.decoder
+        b, t = self.target.shape
+        if self.target.num_tokens == b * t:  # every column: already row-major (B * T, D)
+            return self.decoder.view(b, t, -1)
+        return self.target.pad(self.decoder)
+
+    def at(self, target_positions: torch.Tensor) -> torch.Tensor:
+        """(N, D) decoder states at the N ``target_positions`` (B, T) bool, row-major."""
+        if self.target is None:
+            return self.decoder[target_positions]
+        flat = target_positions.reshape(-1).nonzero().squeeze(1)  # (N,) row * T + column
+        if flat.shape[0] == self.target.num_tokens:  # the targets are the decoder's tokens
+            return self.decoder
+        return self.target.gather(self.decoder, flat)
+
+
 class BartModel(BartPreTrainedModel):
     """Encoder and decoder over one shared token embedding."""
 
@@ -409,12 +289,36 @@ class BartModel(BartPreTrainedModel):
         """Source (B, S) and decoder inputs (B, T); without decoder inputs the source shifted
         right is used (as transformers does for denoising). ``layout``: the source's, as
         ``BartEncoder.forward``."""
+        states = self.run(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
+                          layout)
+        return Seq2SeqModelOutput(last_hidden_state=states.padded_decoder(),
+                                  encoder_last_hidden_state=states.encoder)
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+            decoder_input_ids: torch.Tensor | None = None,
+            decoder_attention_mask: torch.Tensor | None = None,
+            layout: TokenLayout | None = None,
+            target_positions: torch.Tensor | None = None) -> Seq2SeqStates:
+        """``forward``'s pass, the decoder's states left where it computed them: unpadded when
+        both stacks run unpadded (``unpad``; a source with padding; no decoder mask), then only
+        through each row's last ``target_positions`` column (B, T) bool, if given."""
         if decoder_input_ids is None:
             decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id,
                                                    self.config.decoder_start_token_id)
-        encoded = self.encoder(input_ids, attention_mask, layout)
-        decoded = self.decoder(decoder_input_ids, encoded, attention_mask, decoder_attention_mask)
-        return Seq2SeqModelOutput(last_hidden_state=decoded, encoder_last_hidden_state=encoded)
+        encoded, where = self.encoder.encode_tokens(input_ids, attention_mask, layout)
+        encoder_hidden = where.exit(encoded)  # (B, S, D), zeros at padding
+        unpadded = (self.decoder.unpad and decoder_attention_mask is None
+                    and isinstance(where, TokenLayout)
+                    and where.num_sequences == input_ids.shape[0])  # one source per row
+        if not unpadded:
+            decoded = self.decoder(decoder_input_ids, encoder_hidden, attention_mask,
+                                   decoder_attention_mask)
+            return Seq2SeqStates(decoded, None, encoder_hidden)
+        target = target_layout(decoder_input_ids.shape, target_positions,
+                               decoder_input_ids.device)
+        decoded = self.decoder.decode_tokens(decoder_input_ids, encoded,
+                                             Seq2SeqLayout(target, where))
+        return Seq2SeqStates(decoded, target, encoder_hidden)
 
 
 class BartForConditionalGeneration(BartPreTrainedModel):
@@ -453,19 +357,31 @@ class BartForConditionalGeneration(BartPreTrainedModel):
                 target_positions: torch.Tensor | None = None,
                 layout: TokenLayout | None = None) -> Seq2SeqLMOutput:
         """Teacher-forced scores. ``target_positions`` (B, T) bool limits the vocabulary
-        projection (the costliest matmul) to the positions that are scored. ``layout``: the
-        source's, as ``BartEncoder.forward``."""
-        out = self.model(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
-                         layout)
-        hidden = out.last_hidden_state
+        projection (the costliest matmul) to the positions that are scored, and an unpadded
+        decoder to the columns up to each row's last one. ``layout``: the source's, as
+        ``BartEncoder.forward``."""
         if target_positions is not None:
-            if target_positions.dtype != torch.bool or target_positions.shape != hidden.shape[:2]:
-                raise ValueError(f"target_positions must be a bool tensor of shape "
-                                 f"{tuple(hidden.shape[:2])}, got {target_positions.dtype} "
-                                 f"{tuple(target_positions.shape)}")
-            hidden = hidden[target_positions]
-        return Seq2SeqLMOutput(logits=self.logits(hidden),
-                               encoder_last_hidden_state=out.encoder_last_hidden_state)
+            shape = tuple((input_ids if decoder_input_ids is None else decoder_input_ids).shape)
+            if target_positions.dtype != torch.bool or tuple(target_positions.shape) != shape:
+                raise ValueError(f"target_positions must be a bool tensor of shape {shape}, got "
+                                 f"{target_positions.dtype} {tuple(target_positions.shape)}")
+        states = self.model.run(input_ids, attention_mask, decoder_input_ids,
+                                decoder_attention_mask, layout, target_positions)
+        if target_positions is None:
+            logits = self.logits(states.padded_decoder())
+        else:
+            logits = F.linear(states.at(target_positions), self.lm_head.weight,
+                              self._training_bias())
+        return Seq2SeqLMOutput(logits=logits, encoder_last_hidden_state=states.encoder)
+
+    def _training_bias(self) -> torch.Tensor | None:
+        """``final_logits_bias`` for the teacher-forced scores, None when it is zero (as
+        transformers keeps it) on a CPU: adding zeros costs a pass over the (N, V) scores
+        there, and looking costs nothing (on a GPU it would cost a sync; the pass is cheap)."""
+        bias = self.final_logits_bias[0]
+        if bias.device.type == "cpu" and not bool(bias.any()):
+            return None
+        return bias
 
     # -- the interface of bertforge.models.generation ---------------------------------------------
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
