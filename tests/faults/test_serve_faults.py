@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,9 +25,9 @@ import torch
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.models import BertConfig, BertForSequenceClassification
 from bertforge.serve.app import create_app
-from bertforge.serve.server import uvicorn_config
 from bertforge.serve.settings import ServeSettings
 from bertforge.tokenization import BertTokenizer
+from serving import running
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
          *"a good film with great acting bad boring plot explode".split()]
@@ -57,29 +55,6 @@ class Exploding:
 
     def __call__(self, requests: Any) -> list:
         return self.inner(requests)
-
-
-@contextmanager
-def running(app: Any, settings: ServeSettings) -> Iterator[str]:
-    """``app`` served by uvicorn as ``bertforge serve`` configures it; yields the base URL."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(uvicorn_config(app, settings, "critical", configure_logging=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @pytest.fixture(scope="module")

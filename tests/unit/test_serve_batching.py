@@ -5,7 +5,6 @@ count, and an app answering concurrent requests as it answers them one at a time
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from pathlib import Path
@@ -18,11 +17,12 @@ import torch
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.models import BertConfig, BertForSequenceClassification
+from bertforge.commands.serve import ServeConfig
 from bertforge.serve.batching import BatchStats, DynamicBatcher
 from bertforge.serve.execution import BatchRunner, model_threads
-from bertforge.commands.serve import ServeConfig
 from bertforge.serve.settings import SETTING_NAMES, ServeSettings
 from bertforge.tokenization import BertTokenizer
+from serving import running
 
 WORDS = "a good film with great acting bad boring plot long short story of the".split()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
@@ -255,29 +255,11 @@ def test_lone_items_run_padded_and_batches_on_real_tokens(classify_dir: Path) ->
 
 @pytest.fixture
 def served(classify_dir: Path) -> Iterator[str]:
-    import uvicorn
-
     from bertforge.serve.app import create_app
-    from bertforge.serve.server import uvicorn_config
 
     settings = ServeSettings(max_wait_ms=50)
-    app = create_app(load_pipeline(classify_dir, device="cpu"), settings)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(uvicorn_config(app, settings, "critical", configure_logging=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with running(create_app(load_pipeline(classify_dir, device="cpu"), settings), settings) as url:
+        yield url
 
 
 def test_concurrent_requests_share_batches_and_get_the_answers_of_lone_ones(served: str) -> None:

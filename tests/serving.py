@@ -1,0 +1,36 @@
+"""An app served in this process by uvicorn as ``bertforge serve`` configures it, for tests that
+send it real HTTP requests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from bertforge.serve.server import uvicorn_config
+from bertforge.serve.settings import ServeSettings
+
+
+@contextmanager
+def running(app: Any, settings: ServeSettings) -> Iterator[str]:
+    """``app`` served on a free port; yields the base URL, stops the server after."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn_config(app, settings, "critical", configure_logging=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "the server did not start"
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
