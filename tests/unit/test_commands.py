@@ -103,15 +103,17 @@ OLD_FLAGS = [
                          "api_key": None, "max_batch_tokens": 8192, "max_wait_ms": 5.0,
                          "max_batch_items": 32, "max_body_bytes": 1 << 20,
                          "max_text_chars": 100_000, "truncation": None, "device": "auto",
-                         "no_embeddings": False, "log_level": "info", "replicas": None}),
+                         "no_embeddings": False, "log_level": "info", "replicas": None,
+                         "model_threads": 0}),
     ("serve --model m --host 0.0.0.0 --port 0 --task fill-mask --backend onnx-int8 "
      "--api-key k --max-batch-tokens 100 --max-wait-ms 2.5 --max-batch-items 4 "
      "--max-body-bytes 1000 --max-text-chars 50 --truncation truncate --device cpu "
-     "--no-embeddings --log-level debug --replicas 2", {
+     "--no-embeddings --log-level debug --replicas 2 --model-threads 3", {
          "host": "0.0.0.0", "port": 0, "task": "fill-mask", "backend": "onnx-int8",
          "api_key": "k", "max_batch_tokens": 100, "max_wait_ms": 2.5, "max_batch_items": 4,
          "max_body_bytes": 1000, "max_text_chars": 50, "truncation": "truncate",
-         "device": "cpu", "no_embeddings": True, "log_level": "debug", "replicas": "2"}),
+         "device": "cpu", "no_embeddings": True, "log_level": "debug", "replicas": "2",
+         "model_threads": 3}),
     ("serve --model m --max-json-depth 4 --max-number-digits 20 --max-num-beams 2 "
      "--max-generation-length 64 --max-generation-tokens 512 --header-timeout 1.5 "
      "--body-timeout 2.5 --keep-alive-timeout 0.5", {
