@@ -1,5 +1,5 @@
-"""An app served in this process by uvicorn as ``bertforge serve`` configures it, for tests that
-send it real HTTP requests."""
+"""What the serving tests share: a tiny classifier saved as a model directory, and an app served
+in this process by uvicorn as ``bertforge serve`` configures it, for real HTTP requests."""
 
 from __future__ import annotations
 
@@ -7,10 +7,26 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
+import torch
+
+from bertforge.models import BertConfig, BertForSequenceClassification
 from bertforge.serve.server import uvicorn_config
 from bertforge.serve.settings import ServeSettings
+from bertforge.tokenization import BertTokenizer
+
+
+def save_tiny_classifier(root: Path, vocab: Sequence[str], **config: Any) -> Path:
+    """A seeded 2-label bert-tiny text classifier with a WordPiece tokenizer of ``vocab``, saved
+    in ``root``; ``config`` adds to (or overrides) its config.json fields."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=len(vocab), max_position_embeddings=64, num_labels=2,
+                  finetuning_task="classification", **config)
+    model = BertForSequenceClassification(BertConfig.from_preset("bert-tiny", **fields))
+    model.save_pretrained(root, tokenizer=BertTokenizer(list(vocab)))
+    return root
 
 
 @contextmanager

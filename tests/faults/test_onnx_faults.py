@@ -20,12 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from bertforge.cli import main
 from bertforge.errors import CheckpointError
-from bertforge.models import BertConfig, BertForSequenceClassification
-from bertforge.tokenization import BertTokenizer
+from serving import save_tiny_classifier
 
 pytest.importorskip("onnxruntime")
 
@@ -34,13 +32,8 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"a good film bad boring 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("onnx_faults") / "model"
-    torch.manual_seed(0)
-    config = BertConfig.from_preset("bert-tiny", vocab_size=len(VOCAB), max_position_embeddings=64,
-                                    num_labels=2, id2label={0: "negative", 1: "positive"},
-                                    finetuning_task="classification")
-    BertForSequenceClassification(config).save_pretrained(out, tokenizer=BertTokenizer(VOCAB))
-    return out
+    return save_tiny_classifier(tmp_path_factory.mktemp("onnx_faults") / "model", VOCAB,
+                                id2label={0: "negative", 1: "positive"})
 
 
 @pytest.fixture(scope="module")

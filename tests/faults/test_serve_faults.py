@@ -20,14 +20,11 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-import torch
 
 from bertforge.inference.pipelines import load_pipeline
-from bertforge.models import BertConfig, BertForSequenceClassification
 from bertforge.serve.app import create_app
 from bertforge.serve.settings import ServeSettings
-from bertforge.tokenization import BertTokenizer
-from serving import running
+from serving import running, save_tiny_classifier
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
          *"a good film with great acting bad boring plot explode".split()]
@@ -59,11 +56,7 @@ class Exploding:
 
 @pytest.fixture(scope="module")
 def classify_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = tmp_path_factory.mktemp("serve_faults") / "classify"
-    torch.manual_seed(0)
-    config = BertConfig.from_preset("bert-tiny", vocab_size=len(VOCAB), max_position_embeddings=64,
-                                    finetuning_task="classification")
-    BertForSequenceClassification(config).save_pretrained(root, tokenizer=BertTokenizer(VOCAB))
+    root = save_tiny_classifier(tmp_path_factory.mktemp("serve_faults") / "classify", VOCAB)
     return load_pipeline(root, device="cpu")
 
 

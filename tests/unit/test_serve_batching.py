@@ -12,17 +12,14 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-import torch
 
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import load_pipeline
-from bertforge.models import BertConfig, BertForSequenceClassification
 from bertforge.commands.serve import ServeConfig
 from bertforge.serve.batching import BatchStats, DynamicBatcher
 from bertforge.serve.execution import BatchRunner, model_threads
 from bertforge.serve.settings import SETTING_NAMES, ServeSettings
-from bertforge.tokenization import BertTokenizer
-from serving import running
+from serving import running, save_tiny_classifier
 
 WORDS = "a good film with great acting bad boring plot long short story of the".split()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
@@ -215,13 +212,8 @@ def test_model_threads_setting_and_its_default(monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.fixture(scope="module")
 def classify_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("serve_batching") / "classify"
-    torch.manual_seed(0)
-    config = BertConfig.from_preset("bert-tiny", vocab_size=len(VOCAB), max_position_embeddings=64,
-                                    num_labels=2, id2label={0: "negative", 1: "positive"},
-                                    finetuning_task="classification")
-    BertForSequenceClassification(config).save_pretrained(root, tokenizer=BertTokenizer(VOCAB))
-    return root
+    return save_tiny_classifier(tmp_path_factory.mktemp("serve_batching") / "classify", VOCAB,
+                                id2label={0: "negative", 1: "positive"})
 
 
 TEXTS = ["a good film", "bad plot", "a long story of a boring film with bad acting and a plot",
