@@ -151,14 +151,10 @@ def bertforge_evaluate(task: str, model: Path, heldout: Path, out: Path) -> dict
     (what ``evaluate_only`` does, the pass alone timed: features and model are built first)."""
     from bertforge.tasks.finetune import build_task
     from bertforge.train.distributed import init_distributed
-    from bertforge.train.parallelize import set_unpadding
-    from bertforge.train.precision import build_precision
 
     cfg = bertforge_config(task, model, None, heldout, out, 0, 1.0)
     evaluation = build_task(cfg, init_distributed())
-    trained = evaluation.build_model(None)
-    set_unpadding(trained, cfg.train.unpad, cfg.train.attention_backend)
-    precision = build_precision(cfg.precision, evaluation.info.device)
+    trained, precision = evaluation.evaluation_model()
     t0 = time.perf_counter()
     metrics = evaluation.evaluate(trained, precision.autocast)
     return {"seconds": time.perf_counter() - t0, "metrics": metrics,
@@ -240,24 +236,24 @@ def hf_evaluate(task: str, trainer: Any, evaluation: Any, heldout: Any) -> dict[
 # --- one seed, both sides ------------------------------------------------------------------------
 
 
-def encoded(task: str, model: Path, train: Path, heldout: Path, tmp: Path) -> tuple[Any, Any]:
-    """bertforge's task with both files encoded (its training and evaluation features)."""
+def encoded(task: str, model: Path, files: tuple[Path, Path], tmp: Path) -> tuple[Any, Any, Any]:
+    """bertforge's task with both files encoded (what its evaluation scores with), and its
+    training and held-out features as the Trainer's datasets; the same for every seed."""
     from bertforge.tasks.finetune import build_task
     from bertforge.train.distributed import init_distributed
 
-    cfg = bertforge_config(task, model, train, heldout, tmp / "encode", 0, 1.0)
+    cfg = bertforge_config(task, model, files[0], files[1], tmp / "encode", 0, 1.0)
     built = build_task(cfg, init_distributed())
-    return built, built.train.dataset
-
-
-def one_seed(task: str, model: Path, files: tuple[Path, Path], tmp: Path, seed: int,
-             epochs: float, hf_first: bool) -> dict[str, Any]:
-    train, heldout = files
-    built, train_features = encoded(task, model, train, heldout, tmp)
     label_keys = ("labels",) if task == "mrpc" else ("start_positions", "end_positions")
-    keys = (*built.source.family.inputs, *label_keys)
-    hf_train = hf_dataset(train_features, keys)
-    hf_heldout = hf_dataset(built.features.evaluation.features, built.source.family.inputs)
+    inputs = built.source.family.inputs
+    return (built, hf_dataset(built.train.dataset, (*inputs, *label_keys)),
+            hf_dataset(built.features.evaluation.features, inputs))
+
+
+def one_seed(task: str, model: Path, files: tuple[Path, Path], inputs: tuple[Any, Any, Any],
+             tmp: Path, seed: int, epochs: float, hf_first: bool) -> dict[str, Any]:
+    train, heldout = files
+    built, hf_train, hf_heldout = inputs
     out: dict[str, Any] = {}
     for side in (("hf", "bertforge") if hf_first else ("bertforge", "hf")):
         run_dir = tmp / f"{side}-{seed}"
@@ -319,8 +315,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="finetune-epoch-") as tmp_name:
         tmp = Path(tmp_name)
         files = split_mrpc(tmp) if args.task == "mrpc" else split_squad(tmp, args.train_questions)
+        inputs = encoded(args.task, model, files, tmp)
         for i, seed in enumerate(seeds):
-            results[str(seed)] = one_seed(args.task, model, files, tmp, seed, args.epochs,
+            results[str(seed)] = one_seed(args.task, model, files, inputs, tmp, seed, args.epochs,
                                           hf_first=i % 2 == 1)
     report = {"benchmark": f"finetune-epoch-{args.task}", **metadata(["accelerate"]), "settings": {
         "task": args.task, "model": str(model), "epochs": args.epochs, "seeds": seeds,

@@ -345,13 +345,18 @@ class FinetuneTask(ABC):
         lines.append(f"  model        {self.cfg.output_dir} (Hugging Face format)")
         return lines
 
+    def evaluation_model(self) -> tuple[nn.Module, Any]:
+        """``model`` as evaluation runs it without training: its weights, the run's speed
+        options (``train.unpad``) and the run's precision (whose ``autocast`` ``evaluate`` takes)."""
+        model = self.build_model(None)
+        set_unpadding(model, self.cfg.train.unpad, self.cfg.train.attention_backend)
+        return model, build_precision(self.cfg.precision, self.info.device)
+
     def evaluate_only(self) -> RunResult:
         """No training data: predict the evaluation file with ``model`` (and score it when
         labelled) and write the outputs to ``output_dir``."""
         out = Path(self.cfg.output_dir)
-        model = self.build_model(None)
-        set_unpadding(model, self.cfg.train.unpad, self.cfg.train.attention_backend)
-        precision = build_precision(self.cfg.precision, self.info.device)
+        model, precision = self.evaluation_model()
         metrics = self.evaluate(model, precision.autocast)
         self.write_outputs(out, metrics)
         if self.info.is_main and metrics:
