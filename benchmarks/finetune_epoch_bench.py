@@ -272,6 +272,28 @@ def one_seed(task: str, model: Path, files: tuple[Path, Path], inputs: tuple[Any
     return out
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """Mean, min, max and (for two or more values) the sample standard deviation."""
+    out = {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
+    if len(values) > 1:
+        out["stdev"] = statistics.stdev(values)
+    return out
+
+
+def quality_summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
+    """Held-out quality of both sides: per seed, mean/min/max/stdev, and bertforge's mean minus
+    the Trainer's, for each metric (MRPC accuracy and F1; SQuAD F1 and exact match)."""
+    out: dict[str, Any] = {}
+    for metric in (("accuracy", "f1") if task == "mrpc" else ("f1", "exact_match")):
+        sides = {s: [r[s]["evaluation"]["metrics"][metric] for r in seeds.values()]
+                 for s in ("bertforge", "hf")}
+        stats = {s: spread(v) for s, v in sides.items()}
+        out[metric] = {"per_seed": dict(zip(("seeds", *sides), (list(seeds), *sides.values()))),
+                       **{s: stats[s] for s in sides},
+                       "mean_difference": stats["bertforge"]["mean"] - stats["hf"]["mean"]}
+    return out
+
+
 def summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
     metric = "accuracy" if task == "mrpc" else "f1"
 
@@ -283,6 +305,7 @@ def summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
     quality = {s: series(s, lambda r: r["evaluation"]["metrics"][metric])
                for s in ("bertforge", "hf")}
     return {
+        "heldout": quality_summary(seeds, task),
         "train_seconds_median": {s: statistics.median(v) for s, v in train.items()},
         "train_speedup_per_seed": [h / b for b, h in zip(train["bertforge"], train["hf"])],
         "train_speedup_median": statistics.median(h / b for b, h in zip(train["bertforge"],
