@@ -321,3 +321,30 @@ def test_nested_backend_kernel_checks_read_nothing_from_the_device() -> None:
         sdpa._sdpa_nested_preprocessing(nq, nk, nv)
     assert counter.total == 0, dict(counter.counts)
     assert (nq._get_min_seqlen(), nq._get_max_seqlen()) == (3, 16)
+
+
+@pytest.mark.parametrize("unpadded", [False, True])
+def test_cpu_half_precision_attention_runs_in_fp32(unpadded) -> None:
+    """Under bf16 autocast on a CPU, attention gets fp32 inputs (PyTorch's CPU attention is slower
+    in bf16) and hands back bf16: the result equals fp32 attention of the same bf16 inputs,
+    rounded once, in both layouts; gradients reach the bf16 inputs."""
+    from bertforge.ops.attention import attend
+
+    torch.manual_seed(0)
+    lengths = [5, 9, 3]
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    layout = token_layout(mask)
+    shape = (sum(lengths), 2, 8) if unpadded else (3, 9, 2, 8)
+    q, k, v = (torch.randn(shape).bfloat16().requires_grad_() for _ in range(3))
+    where = layout if unpadded else mask.bool()[:, None, None, :]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attend(q, k, v, where)
+    with torch.autocast("cpu", enabled=False):
+        want = attend(q.detach().float(), k.detach().float(), v.detach().float(),
+                      where)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, want.bfloat16())
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.bfloat16

@@ -54,8 +54,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, where: Attend,
         return varlen_attention(q, k, v, where, dropout_p, backend)
     # (B, S, heads, head_dim) -> (B, heads, S, head_dim), SDPA's layout, and back
     q, k, v = (x.transpose(-3, -2) for x in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=where, dropout_p=dropout_p)
-    return out.transpose(-3, -2)
+    return sdpa(q, k, v, where, dropout_p).transpose(-3, -2)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+         dropout_p: float) -> torch.Tensor:
+    """``scaled_dot_product_attention`` in SDPA's layout. On a CPU, bf16/fp16 inputs are
+    attended in fp32 (autocast off) and the result is cast back: PyTorch's CPU attention kernels
+    are slower in half precision than in fp32 (forward and backward 2.3x slower in bf16 at
+    BERT-mini's shapes, on a CPU whose bf16 matrix units make the linear layers 7x faster;
+    docs/performance.md), while the matrix products around them keep their half precision."""
+    if q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16):
+        with torch.autocast("cpu", enabled=False):  # autocast would cast SDPA's inputs back
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                 attn_mask=mask, dropout_p=dropout_p)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 @functools.lru_cache(maxsize=None)
@@ -176,8 +190,7 @@ def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layou
             buf = buf.index_copy(0, b.slots, x.index_select(0, b.tokens))
             return buf.view(b.rows, b.width, *x.shape[1:]).transpose(1, 2)
 
-        context = F.scaled_dot_product_attention(spread(q), spread(k), spread(v),
-                                                 attn_mask=b.keep, dropout_p=dropout_p)
+        context = sdpa(spread(q), spread(k), spread(v), b.keep, dropout_p)
         flat = context.transpose(1, 2).reshape(b.rows * b.width, *q.shape[1:])
         out = out.index_copy(0, b.tokens, flat.index_select(0, b.slots))
     return out

@@ -14,6 +14,7 @@ from torch import nn
 
 from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput, real_tokens
 from bertforge.errors import ConfigError
+from bertforge.ops.loss import vocab_cross_entropy
 from bertforge.ops.unpad import layout_from_batch
 from bertforge.models.loading import ModelSource
 from bertforge.models.registry import family_of_config
@@ -50,10 +51,10 @@ def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
                 masked_positions=masked, position_ids=batch.get("position_ids"),
                 layout=layout_from_batch(batch))
     logits = getattr(out, "mlm_logits", None)
-    logits = (out.logits if logits is None else logits).float()   # (N, V), N = masked tokens
-    mlm_loss = F.cross_entropy(logits, target)
-    stats = {"mlm_loss": mlm_loss.detach(),
-             "mlm_acc": (logits.detach().argmax(-1) == target).float().mean()}
+    logits = out.logits if logits is None else logits   # (N, V), N = masked tokens
+    # fp32 loss, gradient in the logits' dtype, one pass over them (bertforge.ops.loss)
+    mlm_loss, correct = vocab_cross_entropy(logits, target)
+    stats = {"mlm_loss": mlm_loss.detach(), "mlm_acc": correct.float() / target.numel()}
     loss = mlm_loss
     nsp_logits = getattr(out, "nsp_logits", None)
     if nsp_logits is not None:
