@@ -4,6 +4,7 @@
     python benchmarks/suite.py --quick              # a smoke run of the same entries (~5 min)
     python benchmarks/suite.py --device cuda        # GPU entries (the default when a GPU is seen)
     python benchmarks/suite.py --only pretrain,bart # a selection (entry names or their prefixes)
+    python benchmarks/suite.py --only quality       # time to quality (~50 min), never run by default
 
 Each entry runs as a subprocess with its own ``--output`` under
 ``benchmarks/results/<date>-<device>/`` (``--out-dir`` elsewhere; quick runs add ``-quick``), its
@@ -31,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, metadata, write_result
-from suite_speed import finetune_epoch_headline, speed_goals
+from suite_speed import finetune_epoch_headline, quality_headline, speed_goals
 
 HERE = Path(__file__).resolve().parent
 PRETRAIN_CPU_VARIANTS = ["bertforge", "hf", "bertforge-unpadded", "bertforge-packed",
@@ -51,6 +52,7 @@ class Entry:
     kind: str                        # pretrain, finetune(-epoch), inference, bart, prepare, loader
     output_flag: str = "--output"
     note: str = ""
+    opt_in: bool = False             # runs only when --only names it (too long for every run)
     outcome: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,6 +105,11 @@ def cpu_entries(quick: bool) -> list[Entry]:
               "prepare"),
         Entry("loader", "loader_bench.py", ["--quick"] if quick else [], "loader"),
         *modernbert_cpu_entries(quick),
+        Entry("quality", "quality_bench.py",
+              ["--corpus", "sotu", *(["--minutes", "1", "--eval-sequences", "64"] if quick
+                                     else ["--minutes", "20"])], "quality", opt_in=True,
+              note="time to quality: held-out MLM loss after 20 minutes of pretraining per "
+                   "side (~50 min; needs fetch_corpora.sh; only with --only quality)"),
     ]
     return entries
 
@@ -169,9 +176,10 @@ def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
 
 
 def select(entries: list[Entry], only: str | None) -> list[Entry]:
-    """Entries whose name equals or starts with one of the comma-separated ``only`` names."""
+    """Entries whose name equals or starts with one of the comma-separated ``only`` names; without
+    ``only``, every entry but the opt-in ones."""
     if not only:
-        return entries
+        return [e for e in entries if not e.opt_in]
     wanted = [w.strip() for w in only.split(",") if w.strip()]
     picked = [e for e in entries if any(e.name == w or e.name.startswith(w) for w in wanted)]
     unknown = [w for w in wanted if not any(e.name == w or e.name.startswith(w) for e in entries)]
@@ -228,7 +236,7 @@ def run_entry(entry: Entry, out_dir: Path, timeout: float | None) -> None:
 def headline(kind: str, r: dict) -> dict[str, Any]:
     """Rows (contestant, metric, bertforge, transformers, ratio) and facts from one result file."""
     return {"pretrain": _pretrain, "finetune": _finetune, "bart": _bart,
-            "finetune-epoch": finetune_epoch_headline,
+            "finetune-epoch": finetune_epoch_headline, "quality": quality_headline,
             "inference": _inference, "prepare": _prepare,
             "loader": _loader, "modernbert": _modernbert}.get(kind, _generic)(r)
 
@@ -581,7 +589,7 @@ def main() -> int:
     if args.threads:
         for entry in entries:
             if entry.kind in ("pretrain", "finetune", "finetune-epoch", "inference", "bart",
-                              "modernbert"):
+                              "modernbert", "quality"):
                 entry.args += ["--threads", str(args.threads)]
     t0 = time.perf_counter()
     for entry in entries:

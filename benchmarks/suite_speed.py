@@ -26,6 +26,33 @@ def finetune_epoch_headline(r: dict) -> dict[str, Any]:
         "summary": s}
 
 
+def quality_headline(r: dict) -> dict[str, Any]:
+    """Rows of a quality_bench.py result: each side's held-out MLM loss after its budget."""
+    ours, theirs = r.get("bertforge", {}), r.get("transformers", {})
+    return {"rows": [
+        {"contestant": f"held-out MLM loss, {r['corpus']} ({r.get('budget_minutes')} min, "
+                       f"{r.get('threads')} threads)", "metric": "cross-entropy (lower wins)",
+         "bertforge": ours.get("held_out", {}).get("mlm_loss"),
+         "transformers": theirs.get("held_out", {}).get("mlm_loss"), "ratio": None,
+         "bertforge_wall_seconds": ours.get("wall_seconds"),
+         "transformers_wall_seconds": theirs.get("wall_seconds")}]}
+
+
+def _quality_goal(outcome: dict | None, caveat: str) -> dict[str, Any]:
+    rows, why = _rows(outcome)
+    goal = "Time to quality: held-out MLM loss <= 5.5 within 20 minutes (bert-base-uncased vocab)"
+    row = rows[0] if rows else None
+    if row is None or row.get("bertforge") is None:
+        return {"goal": goal, "status": "not measured", "evidence": why or "no bertforge side"}
+    wall = row.get("bertforge_wall_seconds") or float("inf")
+    met = row["bertforge"] <= 5.5 and wall <= 20 * 60
+    theirs = row.get("transformers")
+    return {"goal": goal, "status": "met" if met else "not met",
+            "evidence": f"{row['contestant']}: bertforge {row['bertforge']:.3f} in {wall:.0f} s"
+                        + ("" if theirs is None else f"; transformers Trainer {theirs:.3f} in "
+                           f"{row.get('transformers_wall_seconds'):.0f} s") + caveat}
+
+
 def _rows(outcome: dict | None) -> tuple[list[dict], str]:
     """The headline rows of an entry, or why there are none."""
     if outcome is None:
@@ -87,4 +114,5 @@ def speed_goals(by_name: dict[str, dict], device_kind: str, caveat: str) -> list
                      rows, why, lambda r: r is fastest, 4.0, caveat,
                      lambda r: "" if r.get("gemm_share") is None else
                      f"; {r['gemm_share']:.1%} of the measured fp32 GEMM rate"))
+    out.append(_quality_goal(by_name.get("quality"), caveat))
     return out
