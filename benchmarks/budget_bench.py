@@ -162,7 +162,7 @@ def main() -> None:
         "train_curve": [{k: r.get(k) for k in ("step", "mlm_loss", "mlm_acc", "lr")}
                         for r in train],
     }
-    out = Path(args.output) if args.output else result_path(f"budget-{args.corpus}-{tag}")
+    out = result_path(f"budget-{args.corpus}-{tag}", args.output)
     write_result(out, result)
     last = result["final_validation"] or {}
     print(f"{args.corpus} / {args.recipe} {' '.join(args.set)}: {steps} steps in {seconds:.0f} s, "
