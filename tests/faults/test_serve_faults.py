@@ -165,6 +165,40 @@ def test_a_body_sent_too_slowly_gets_408_and_the_connection_closed(guarded: str)
     assert seconds < TIMEOUT + 3
 
 
+def _over_limit_head(length: int) -> bytes:
+    return (f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sesame\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def test_an_over_limit_body_is_read_before_the_413(guarded: str) -> None:
+    """A body declared over --max-body-bytes is read and dropped before the 413 goes out:
+    closing on unread data makes the kernel send a reset, which can reach the client before the
+    answer. So nothing comes back while the body has not been sent, and the 413 after it."""
+    body = b'{"text": "' + b"x" * 9000 + b'"}'
+    host, port = guarded.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(_over_limit_head(len(body)))
+        sock.settimeout(0.2)  # under the body timeout (TIMEOUT)
+        with pytest.raises(socket.timeout):
+            sock.recv(1)
+        sock.settimeout(5)
+        sock.sendall(body)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    status, headers, answer = _parse_raw(received)
+    assert status == 413 and headers["connection"] == "close"
+    assert answer["error"]["field"] == "body" and "--max-body-bytes" in answer["error"]["message"]
+
+
+def test_a_body_declared_over_the_drain_limit_is_refused_unread(guarded: str) -> None:
+    from bertforge.serve.limits import DRAIN_BYTES
+
+    raw, seconds = _raw(guarded, _over_limit_head(GUARDED.max_body_bytes + DRAIN_BYTES + 1))
+    status, headers, _ = _parse_raw(raw)
+    assert status == 413 and headers["connection"] == "close" and seconds < TIMEOUT
+
+
 def test_an_idle_keep_alive_connection_is_closed(guarded: str) -> None:
     request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     raw, seconds = _raw(guarded, request)

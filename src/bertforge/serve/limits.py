@@ -18,6 +18,8 @@ import math
 import re
 from typing import Any, Mapping
 
+from starlette.requests import ClientDisconnect
+
 from bertforge.serve.settings import ServeSettings, option
 
 Items = list[tuple[str | None, Mapping[str, Any]]]
@@ -41,12 +43,33 @@ def error_body(message: str, field: str | None = None) -> dict[str, Any]:
     return {"error": {"field": field, "message": message}}
 
 
+DRAIN_BYTES = 1 << 20
+"""A body declared at most this many bytes over ``max_body_bytes`` is read and dropped (within
+``body_timeout``) before the 413: closing a connection whose sent data was never read makes the
+kernel answer with a reset, which can reach the client before the 413 does. A larger one is
+refused unread."""
+
+
+async def _drain(request: Any, timeout: float) -> None:
+    """Read and drop ``request``'s body, for at most ``timeout`` seconds."""
+    async def drop() -> None:
+        async for _ in request.stream():
+            pass
+
+    try:
+        await asyncio.wait_for(drop(), timeout)
+    except (asyncio.TimeoutError, OSError, ClientDisconnect):
+        pass  # the 413 goes out all the same (or to nobody)
+
+
 async def read_body(request: Any, settings: ServeSettings) -> bytes:
     """The raw body of ``request``: 413 beyond ``max_body_bytes`` (declared or counted while
     streaming, for chunked bodies), 408 when it takes longer than ``body_timeout``."""
     limit = settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        if int(declared) <= limit + DRAIN_BYTES:
+            await _drain(request, settings.body_timeout)
         raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit} "
                             "(--max-body-bytes)", "body", close=True)
 
