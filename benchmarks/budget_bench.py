@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import metadata, result_path, write_result  # noqa: E402
+from quality_bench import _recipe, run_pretrain as pretrain  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -71,17 +70,6 @@ def prepare_corpus(corpus: Path, work: Path, seq: int) -> Path:
                 validation_fraction=0.05, max_predictions=max(20, round(seq * 0.2)),
                 workers=1, progress=False, overwrite=True)
     return data
-
-
-def pretrain(args: list[str], log: Path) -> float:
-    """Run ``bertforge pretrain ARGS``; wall seconds (the run's output goes to ``log``)."""
-    t0 = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.run([sys.executable, "-m", "bertforge.cli", "pretrain", *args],
-                              stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"pretrain failed (exit {proc.returncode}); see {log}")
-    return time.perf_counter() - t0
 
 
 def metrics(run: Path) -> list[dict]:
@@ -135,7 +123,7 @@ def main() -> None:
                   "--train.log_every=10"], work / f"calibrate-{tag}.log")
         rows = [r for r in metrics(cal) if "seq_per_s" in r][1:]
         per_s = sum(r["seq_per_s"] for r in rows) / len(rows)
-        steps_per_s = per_s / _recipe_batch(cal)
+        steps_per_s = per_s / int(_recipe(cal)["train"]["global_batch_size"])
         # A full run is slower than its calibration (validation passes, the checkpoint, a loader
         # worker sharing two cores): the 5-minute probes ran at 0.8x the calibrated rate.
         steps = max(10, int(args.minutes * 60 * 0.8 * steps_per_s))
@@ -168,13 +156,6 @@ def main() -> None:
     print(f"{args.corpus} / {args.recipe} {' '.join(args.set)}: {steps} steps in {seconds:.0f} s, "
           f"validation MLM loss {last.get('val_mlm_loss', float('nan')):.4f}, "
           f"accuracy {last.get('val_mlm_acc', float('nan')):.3f} -> {out}")
-
-
-def _recipe_batch(run: Path) -> int:
-    """The global batch size the run used (from its saved config.yaml)."""
-    import yaml
-
-    return int(yaml.safe_load((run / "config.yaml").read_text())["train"]["global_batch_size"])
 
 
 if __name__ == "__main__":

@@ -174,6 +174,16 @@ def run_pretrain(args: list[str], log: Path, limit: float = math.inf) -> float:
     return time.perf_counter() - t0
 
 
+def budget_steps(args, n: int, seconds: float, steps_per_s: float) -> tuple[int, dict]:
+    """The step count that fills ``--minutes`` (times ``--fill``) at a calibration's rate, after
+    the run's fixed costs (start-up, loading, the final checkpoint: the calibration's wall clock
+    minus its ``n`` steps at that rate); and the calibration's record."""
+    overhead = max(0.0, seconds - n / steps_per_s)
+    steps = int((args.minutes * 60 - overhead) * steps_per_s * args.fill)
+    return steps, {"steps": n, "wall_seconds": round(seconds, 1), "steps_per_s": steps_per_s,
+                   "fixed_seconds": round(overhead, 1)}
+
+
 def bertforge_side(data: Path, work: Path, args) -> dict:
     """Calibrate (unless --steps), run the recipe, and return its timing and final model."""
     base = ["--config", args.recipe, f"--data.path={data}", "--tensorboard=false",
@@ -191,12 +201,7 @@ def bertforge_side(data: Path, work: Path, args) -> dict:
         rates = [r["seq_per_s"] for r in rows if "seq_per_s" in r][1:]
         batch = int(_recipe(cal)["train"]["global_batch_size"])
         steps_per_s = sum(rates) / len(rates) / batch
-        # the run's fixed costs (start-up, loading, the final checkpoint), from the calibration:
-        # its wall clock minus its steps at the measured rate
-        overhead = max(0.0, seconds - n / steps_per_s)
-        steps = int((args.minutes * 60 - overhead) * steps_per_s * args.fill)
-        calibration = {"steps": n, "wall_seconds": round(seconds, 1),
-                       "steps_per_s": steps_per_s, "fixed_seconds": round(overhead, 1)}
+        steps, calibration = budget_steps(args, n, seconds, steps_per_s)
         shutil.rmtree(cal, ignore_errors=True)
     run = work / "bertforge-run"
     shutil.rmtree(run, ignore_errors=True)
@@ -294,10 +299,7 @@ def hf_side(train_docs: list[str], vocab: Path, preset: str, work: Path, args) -
                                             work / "hf-calibration")
         times = clock.step_times[n // 5:]  # the rate after the first fifth
         steps_per_s = (len(times) - 1) / (times[-1] - times[0])
-        overhead = max(0.0, seconds - n / steps_per_s)
-        steps = int((args.minutes * 60 - overhead) * steps_per_s * args.fill)
-        calibration = {"steps": n, "wall_seconds": round(seconds, 1),
-                       "steps_per_s": steps_per_s, "fixed_seconds": round(overhead, 1)}
+        steps, calibration = budget_steps(args, n, seconds, steps_per_s)
     limit = args.minutes * 60 if args.minutes else math.inf
     model, seconds, _, curve, done = _hf_train(blocks, vocab, preset, steps, limit,
                                                work / "hf-run")
