@@ -267,9 +267,12 @@ have_compiler() {
 '/Python.h'))"
 }
 
-run_bench() {  # PHASE BATCH VARIANT...
+run_bench() {  # PHASE BATCH VARIANT...  (phase 1 also profiles 2 steps of each variant)
+  local profile=()
+  [ "$1" != 1 ] || profile=(--profile 2)
   tm "$PY" benchmarks/pretrain_bench.py "${BENCH[@]}" --phase "$1" --batch "$2" \
-    --data "$D/phase$1" --variants "${@:3}" --output "$RES/pretrain-bench-phase$1.json"
+    --data "$D/phase$1" --variants "${@:3}" "${profile[@]}" \
+    --output "$RES/pretrain-bench-phase$1.json"
 }
 
 # With the compiled variants; if that run fails (torch.compile is the likeliest to break on a

@@ -65,6 +65,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import metadata, result_path, run_cli, spread, write_result  # noqa: E402
 from bertforge.data.batch import IGNORE_INDEX, LossOutput, real_tokens  # noqa: E402
+from bertforge.ops.attention import FUSED  # noqa: E402
 from bertforge.train.precision import float32_matmul  # noqa: E402
 
 # bertforge layouts: name -> (which batches, unpadded execution)
@@ -393,14 +394,14 @@ def build_variants(names: list[str], ours: nn.Module, hf: nn.Module, padded: lis
         if name == "hf":
             continue
         t0 = time.perf_counter()
-        if kind == "unpadded" and args.backend == "flash":  # no fp32 kernel: an error budget
+        if kind == "unpadded" and args.backend in FUSED:  # no fp32 kernel: an error budget
             value = half_precision_check(name, model, loss_fn, reference, ours,
                                          batches[data][0], padded[0], args)
         else:  # compiled: includes the eval-mode compile
             value = eval_loss(model, loss_fn, batches[data][0])
         seconds[name] = time.perf_counter() - t0
         check["variants"][name] = {"loss": value, "rel_diff": abs(value - reference) / abs(reference)}
-        if kind == "unpadded" and args.backend == "flash":
+        if kind == "unpadded" and args.backend in FUSED:
             check["variants"][name]["precision"] = args.precision
         elif not same_loss(value, reference):
             raise RuntimeError(f"{name}: eval loss {value:.6f} differs from padded bertforge's "
@@ -437,9 +438,9 @@ def check_args(args: argparse.Namespace) -> torch.device:
                           f"(torch {torch.__version__}); run on a GPU machine or use --device cpu")
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--device {args.device}: only cpu and cuda are supported")
-    if args.backend == "flash" and (device.type != "cuda" or args.precision == "fp32"):
-        raise ConfigError("--backend flash needs --device cuda and --precision bf16 or fp16 "
-                          "(flash-attn has no CPU and no fp32 kernels)")
+    if args.backend in FUSED and (device.type != "cuda" or args.precision == "fp32"):
+        raise ConfigError(f"--backend {args.backend} needs --device cuda and --precision bf16 "
+                          "or fp16 (flash kernels have no CPU and no fp32 forms)")
     if device.type == "cuda" and args.precision == "bf16" and not torch.cuda.is_bf16_supported():
         raise ConfigError("--precision bf16: this GPU has no bf16 support; use --precision fp16")
     if args.preset:
@@ -501,6 +502,51 @@ def time_rounds(variants: list[Variant], args: argparse.Namespace, device: torch
         rss.current = None
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{v.name} {v.seq_per_s[-1]:.1f}" for v in variants) + " seq/s", flush=True)
+
+
+def profile_variants(variants: list[Variant], steps: int, device: torch.device,
+                     top: int = 10) -> dict[str, dict]:
+    """``steps`` more steps of each variant under ``torch.profiler`` (after the timed rounds, so
+    no timing includes the profiler): per step, the operators' total self time on the host and
+    on the device, and the ``top`` operators by each (where a slow variant spends its time:
+    kernels, or host work the device waits for)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    n = len(variants[0].batches)
+    out = {}
+    for v in variants:
+        _sync(device)
+        with profile(activities=activities) as prof:
+            v.steps([i % n for i in range(steps)])
+            _sync(device)
+        events = prof.key_averages()
+
+        def ranked(attr: str) -> list[dict]:
+            best = sorted(events, key=lambda e: getattr(e, attr), reverse=True)[:top]
+            return [{"op": e.key, "calls": round(e.count / steps, 1),
+                     "self_cpu_ms": round(e.self_cpu_time_total / 1e3 / steps, 3),
+                     "self_device_ms": round(e.self_device_time_total / 1e3 / steps, 3)}
+                    for e in best]
+
+        out[v.name] = {
+            "steps": steps,
+            "self_cpu_ms_per_step": round(sum(e.self_cpu_time_total for e in events) / 1e3 / steps, 1),
+            "self_device_ms_per_step": round(
+                sum(e.self_device_time_total for e in events) / 1e3 / steps, 1),
+            "top_by_cpu": ranked("self_cpu_time_total"),
+            "top_by_device": ranked("self_device_time_total") if device.type == "cuda" else [],
+        }
+        print(f"profile {v.name}: per step {out[v.name]['self_cpu_ms_per_step']} ms host, "
+              f"{out[v.name]['self_device_ms_per_step']} ms device; top by host: " + "; ".join(
+                  f"{r['op']} {r['self_cpu_ms']} ms x{r['calls']}" for r in out[v.name]["top_by_cpu"][:6])
+              + ("; top by device: " + "; ".join(
+                  f"{r['op'][:60]} {r['self_device_ms']} ms x{r['calls']}"
+                  for r in out[v.name]["top_by_device"][:6]) if device.type == "cuda" else ""),
+              flush=True)
+    return out
 
 
 def measured_gemm_flops(device: torch.device, dtype: torch.dtype = torch.float32,
@@ -619,8 +665,8 @@ def main() -> None:
                     help="Draw each batch from one length bin (the training default); "
                          "--no-bin-by-length: batches of mixed lengths (variable-length batches).")
     ap.add_argument("--backend", default="auto", help="Attention backend of the unpadded "
-                    "variants: auto (padded-per-sequence on CPU, flash or nested on CUDA), flash, "
-                    "nested, padded.")
+                    "variants: auto (padded-per-sequence on CPU; flash, torch-flash or nested on "
+                    "CUDA), flash, torch-flash, nested, padded.")
     ap.add_argument("--data", help="Prepared data (default: the sample corpus, prepared in a temp dir).")
     ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS),
                     help=f"What to time, in this order within each round (names separated by "
@@ -631,6 +677,10 @@ def main() -> None:
                     "compiled variants also step once on every distinct batch).")
     ap.add_argument("--rounds", type=int, default=5, help="Timed rounds per variant (default: 5).")
     ap.add_argument("--steps-per-round", type=int, default=2)
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="After timing, profile this many more steps of each variant with "
+                         "torch.profiler: host and device time per step and the top operators "
+                         "by each, in the result's \"profiles\" (default: 0, none).")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads (default: all cores).")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
@@ -663,6 +713,8 @@ def main() -> None:
     with RssPeaks() as rss:
         time_rounds(variants, args, device, rss)
     results, extra = summarize(variants, ours.config, cpu_padded, cpu_packed, args, device, rss)
+    if args.profile > 0:
+        extra["profiles"] = profile_variants(variants, args.profile, device)
     cfg = ours.config
     result = {
         "benchmark": f"pretrain-{device.type}", **meta,

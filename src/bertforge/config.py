@@ -109,8 +109,9 @@ class TrainConfig:
     unpad: bool = opt(True, "Run the encoder on the real tokens only, no work on padding "
                       "(same results; docs/performance.md).")
     attention_backend: str = opt("auto", "Attention kernel for unpadded tokens: auto, flash "
-                                 "(flash-attn package), nested (PyTorch SDPA on nested tensors) "
-                                 "or padded (per-sequence padding; the fastest on CPU).")
+                                 "(flash-attn package), torch-flash (PyTorch's own varlen flash "
+                                 "kernel, CUDA), nested (PyTorch SDPA on nested tensors) or "
+                                 "padded (per-sequence padding; the fastest on CPU).")
     max_skipped_steps: int = opt(20, "Stop with an error after this many consecutive steps with "
                                  "non-finite gradients (fp16 loss-scale backoff skips a few).")
     dist_timeout_s: Optional[float] = opt(None, "Seconds a collective waits for the other ranks "
@@ -228,9 +229,10 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_choice(self.precision, "precision", PRECISIONS, ConfigError)
-        if getattr(self.train, "attention_backend", None) == "flash" and self.precision == "fp32":
-            raise ConfigError("train.attention_backend=flash needs bf16 or fp16 activations "
-                              "(flash-attn has no fp32 kernels), but precision=fp32; use "
+        backend = getattr(self.train, "attention_backend", None)
+        if backend in ("flash", "torch-flash") and self.precision == "fp32":
+            raise ConfigError(f"train.attention_backend={backend} needs bf16 or fp16 activations "
+                              "(flash kernels have no fp32 form), but precision=fp32; use "
                               "precision=bf16 (or auto on a GPU), or attention_backend=auto")
 
 

@@ -114,6 +114,39 @@ def test_kernels_equal_attention_per_sequence(backend, targets) -> None:
         torch.testing.assert_close(a, b, **TOL)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["torch-flash", "nested"])
+def test_cuda_kernels_equal_attention_per_sequence_in_bf16(backend) -> None:
+    """The decoder's kernels on a GPU in bf16 (``nested`` leaves causal self-attention to the
+    padded kernel) against fp32 attention of each sequence alone: outputs and gradients within
+    bf16 rounding (relative error of the whole tensor)."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    where = Seq2SeqLayout(token_layout(mask_of(TARGET_LENGTHS, 64).to(device)),
+                          token_layout(mask_of(SOURCE_LENGTHS, 72).to(device)))
+    t, s = where.target.num_tokens, where.source.num_tokens
+    inputs = [torch.randn(*shape, device=device).bfloat16().requires_grad_()
+              for shape in ((t, 3, 4, 64), (t, 4, 64), (s, 2, 4, 64))]
+    qkv, q, kv = inputs
+    weights = torch.randn(t, 4, 64, device=device)
+    ours = [causal_attention(qkv, where, backend=backend),
+            cross_attention(q, kv, where, backend=backend)]
+    sum((o.float() * weights).sum() for o in ours).backward()
+    ref = [x.detach().float().requires_grad_() for x in inputs]
+    expected = [reference(*ref[0].unbind(1), where.target, where.target, True),
+                reference(ref[1], *ref[2].unbind(1), where.target, where.source, False)]
+    sum((o * weights).sum() for o in expected).backward()
+
+    def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+        return float((got.float() - want).norm() / want.norm())
+
+    for got, want in zip(ours, expected):
+        assert got.dtype == torch.bfloat16 and rel_err(got, want) < 2e-2
+    for x, r in zip(inputs, ref):
+        assert rel_err(x.grad, r.grad) < 3e-2
+
+
 def test_target_layout_ends_at_each_rows_last_scored_position() -> None:
     scored = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 0, 0]])
     layout = target_layout((4, 5), scored.bool(), scored.device)

@@ -195,6 +195,8 @@ def test_varlen_backends_equal_attention_per_sequence() -> None:
                                    **TOL)
     with pytest.raises(ValueError, match="flash backend needs"):
         varlen_attention(q, k, v, layout, backend="flash")
+    with pytest.raises(ValueError, match="torch-flash backend needs a CUDA GPU"):
+        varlen_attention(q, k, v, layout, backend="torch-flash")
     with pytest.raises(ValueError, match="not one of"):
         varlen_attention(q, k, v, layout, backend="fast")
 
@@ -348,3 +350,90 @@ def test_cpu_half_precision_attention_runs_in_fp32(unpadded) -> None:
     assert torch.equal(out, want.bfloat16())
     out.float().sum().backward()
     assert q.grad is not None and q.grad.dtype == torch.bfloat16
+
+
+def test_auto_backend_on_cuda_prefers_a_fused_kernel(monkeypatch) -> None:
+    """What ``auto`` resolves to on a CUDA device (no GPU needed: the device checks are stubbed):
+    the flash-attn package when installed, else PyTorch's own flash kernel where it runs (half
+    precision, head size a multiple of 8 up to 256, compute capability 8.0+), else nested."""
+    from bertforge.ops import attention
+
+    cuda, half = torch.device("cuda"), torch.bfloat16
+    monkeypatch.setattr(attention, "_flash_varlen", lambda: None)
+    monkeypatch.setattr(attention, "_torch_flash_device", lambda device: True)
+    assert attention.resolve_backend("auto", cuda, half, 64) == "torch-flash"
+    assert attention.resolve_backend("auto", cuda, half) == "torch-flash"
+    assert attention.resolve_backend("auto", cuda, torch.float32, 64) == "nested"
+    for odd in (36, 320):
+        assert attention.resolve_backend("auto", cuda, half, odd) == "nested"
+        with pytest.raises(ValueError, match="multiple of 8 up to 256"):
+            attention.resolve_backend("torch-flash", cuda, half, odd)
+    assert attention.resolve_backend("auto", torch.device("cpu"), half, 64) == "padded"
+    monkeypatch.setattr(attention, "_flash_varlen", lambda: object())
+    assert attention.resolve_backend("auto", cuda, half, 64) == "flash"
+    monkeypatch.setattr(attention, "_flash_varlen", lambda: None)
+    monkeypatch.setattr(attention, "_torch_flash_device", lambda device: False)  # pre-Ampere
+    assert attention.resolve_backend("auto", cuda, half, 64) == "nested"
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want).norm() / want.norm())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["torch-flash", "nested"])
+def test_cuda_varlen_backends_equal_attention_per_sequence_in_bf16(backend) -> None:
+    """The CUDA kernels on bf16 tokens against fp32 attention of each sequence alone, outputs
+    and the gradients of q, k and v, within bf16 rounding (relative error of the whole tensor)."""
+    device = torch.device("cuda")
+    torch.manual_seed(4)
+    lengths = [7, 1, 12, 5, 64, 33, 96, 40]
+    mask = torch.zeros(len(lengths), 96, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    layout = token_layout(mask.to(device))
+    q, k, v = (torch.randn(sum(lengths), 4, 64, device=device).bfloat16().requires_grad_()
+               for _ in range(3))
+    weights = torch.randn(sum(lengths), 4, 64, device=device)
+    out = varlen_attention(q, k, v, layout, backend=backend)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    (out.float() * weights).sum().backward()
+    ref = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    want = []
+    bounds = layout.cu_seqlens.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        heads = [x[a:b].transpose(0, 1)[None] for x in ref]
+        want.append(torch.nn.functional.scaled_dot_product_attention(*heads)[0].transpose(0, 1))
+    want = torch.cat(want)
+    (want * weights).sum().backward()
+    assert rel_err(out, want) < 2e-2
+    for got, x in zip((q, k, v), ref):
+        assert rel_err(got.grad, x.grad) < 3e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_unpadded_bert_trains_like_the_padded_one_in_bf16() -> None:
+    """BERT on the unpadded path with the backend ``auto`` picks on this GPU, against the padded
+    path: the loss and every gradient within bf16 rounding."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = BertForPreTraining(bert_config(hidden_size=128, num_attention_heads=2,
+                                           intermediate_size=256)).to(device)
+    batch = {k: v.to(device) for k, v in padded_batch([23, 7, 40, 1, 16], width=40).items()}
+    runs = []
+    for unpad in (False, True):
+        model.zero_grad()
+        set_unpadding(model, unpad)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = pretraining_loss(model, batch)
+        out.loss.backward()
+        runs.append((out.loss.detach().float(), grads(model)))
+    (loss_a, grads_a), (loss_b, grads_b) = runs
+    assert abs(float(loss_a - loss_b)) < 2e-2 * abs(float(loss_a))
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        if name.endswith("key.bias"):  # softmax ignores it: its gradient is 0 plus rounding
+            continue
+        assert rel_err(grads_b[name], grads_a[name].float()) < 5e-2, name

@@ -14,7 +14,8 @@ from typing import Any
 
 # bertforge.optim.build_optimizer; the last three are composer's / ModernBERT's names.
 OPTIMIZERS = ("lamb", "adamw", "decoupled_adamw", "stableadamw", "decoupled_stableadamw")
-ATTENTION_BACKENDS = ("auto", "flash", "nested", "padded")  # bertforge.ops.attention.BACKENDS
+# bertforge.ops.attention.BACKENDS
+ATTENTION_BACKENDS = ("auto", "flash", "torch-flash", "nested", "padded")
 SCHEDULES = ("poly", "linear", "constant", "wsd")  # bertforge.optim.schedules
 DECAY_SHAPES = ("linear", "1-sqrt")  # the decay phase of "wsd"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")

@@ -111,7 +111,8 @@ class BartAttention(nn.Module):
         None, or unpadded (T, D) with its ``TokenLayout`` -> the shape of hidden."""
         if isinstance(where, TokenLayout):
             q, k, v = self._fused(hidden, self.q_proj, self.k_proj, self.v_proj).unbind(-3)
-            if resolve_backend(self.varlen_backend, hidden.device, hidden.dtype) == "nested":
+            if resolve_backend(self.varlen_backend, hidden.device, hidden.dtype,
+                               self.head_dim) == "nested":
                 q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # jagged: dense values
         else:  # (..., D) -> (..., heads, head_dim)
             q, k, v = (proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))

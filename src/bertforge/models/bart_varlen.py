@@ -11,7 +11,8 @@ encoder's). The decoder needs two more variable-length shapes, both here:
 :class:`Seq2SeqLayout` holds both layouts; :func:`causal_attention` and :func:`cross_attention`
 pick the kernel by backend (``bertforge.ops.attention.BACKENDS``, resolved as for the encoder):
 
-* ``flash``: ``flash_attn_varlen_func`` with both ``cu_seqlens`` (``causal`` for self-attention);
+* ``flash`` / ``torch-flash``: the fused varlen kernel (``bertforge.ops.attention.fused_varlen``)
+  with both ``cu_seqlens`` (``causal`` for self-attention);
 * ``nested``: SDPA on jagged nested tensors for cross-attention (PyTorch's fused varlen kernels
   on CUDA). Nested tensors refuse ``is_causal``, so self-attention takes the padded kernel;
 * ``padded``: the sequences (pairs) of similar lengths gathered into padded rows, one SDPA call
@@ -27,14 +28,13 @@ states of those columns independent of the columns after them, so they equal the
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge.ops.attention import BUCKET, nested_heads, resolve_backend
+from bertforge.ops.attention import BUCKET, FUSED, fused_varlen, nested_heads, resolve_backend
 from bertforge.ops.unpad import TokenLayout, token_layout
 
 
@@ -176,24 +176,17 @@ class _Scatter(torch.autograd.Function):
         return grad.index_select(0, g.index).mul_(g.real), None
 
 
-@functools.lru_cache(maxsize=None)
-def _flash_varlen():
-    from flash_attn import flash_attn_varlen_func  # checked by resolve_backend
-
-    return flash_attn_varlen_func
-
-
 @torch.compiler.disable  # data-dependent layouts: eager between compiled regions
 def causal_attention(qkv: torch.Tensor, where: Seq2SeqLayout, dropout_p: float = 0.0,
                      backend: str = "auto") -> torch.Tensor:
     """Causal self-attention within each target: qkv (T_t, 3, heads, head_dim) -> (T_t, heads,
     head_dim)."""
-    backend = resolve_backend(backend, qkv.device, qkv.dtype)
-    if backend == "flash":
+    backend = resolve_backend(backend, qkv.device, qkv.dtype, qkv.shape[-1])
+    if backend in FUSED:
         t = where.target
         q, k, v = qkv.unbind(1)
-        return _flash_varlen()(q, k, v, t.cu_seqlens, t.cu_seqlens, t.max_seqlen, t.max_seqlen,
-                               dropout_p=dropout_p, causal=True)
+        return fused_varlen(backend, q, k, v, t.cu_seqlens, t.cu_seqlens, t.max_seqlen,
+                            t.max_seqlen, dropout_p, causal=True)
     return _grouped_attention(qkv, None, where, dropout_p)
 
 
@@ -202,12 +195,12 @@ def cross_attention(q: torch.Tensor, kv: torch.Tensor, where: Seq2SeqLayout,
                     dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
     """Each target's queries q (T_t, heads, head_dim) over its own source's keys and values kv
     (T_s, 2, heads, head_dim) -> (T_t, heads, head_dim)."""
-    backend = resolve_backend(backend, q.device, q.dtype)
+    backend = resolve_backend(backend, q.device, q.dtype, q.shape[-1])
     t, s = where.target, where.source
     k, v = kv.unbind(1)
-    if backend == "flash":
-        return _flash_varlen()(q, k, v, t.cu_seqlens, s.cu_seqlens, t.max_seqlen, s.max_seqlen,
-                               dropout_p=dropout_p)
+    if backend in FUSED:
+        return fused_varlen(backend, q, k, v, t.cu_seqlens, s.cu_seqlens, t.max_seqlen,
+                            s.max_seqlen, dropout_p)
     if backend == "nested":  # jagged tensors need dense values: k, v are views of kv
         out = F.scaled_dot_product_attention(nested_heads(q.contiguous(), t),
                                              nested_heads(k.contiguous(), s),

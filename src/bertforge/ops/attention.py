@@ -11,10 +11,15 @@ A caller projects its states to queries, keys and values, splits the heads off t
   attention within each sequence (:func:`varlen_attention`), by backend, best first:
 
   * ``flash``: ``flash_attn.flash_attn_varlen_func`` (the flash-attn package, CUDA, fp16/bf16);
+  * ``torch-flash``: the same kind of kernel from PyTorch itself, the varlen flash-attention
+    operator its nested-tensor attention calls (``aten::_flash_attention_forward``, with
+    autograd), called directly on the packed tokens and ``cu_seqlens``: CUDA compute
+    capability 8.0 or newer, fp16/bf16, a head size that is a multiple of 8 up to 256;
   * ``nested``: PyTorch SDPA on nested tensors of the jagged layout, which runs PyTorch's own
     fused varlen kernels on CUDA (flash, memory-efficient or cuDNN attention: no extra
     package). The tensors carry the batch's shortest and longest sequence lengths (host ints
-    from the loader), so PyTorch's kernel checks read nothing back from the GPU. On a CPU
+    from the loader), so PyTorch's kernel checks read nothing back from the GPU, but every
+    nested-tensor operation is dispatched in Python, per layer, forward and backward. On a CPU
     PyTorch has no fused kernel for them and falls back to a per-sequence math path (it reads
     every length and warns about its strided nested layout): a correctness reference there,
     never the default;
@@ -81,30 +86,71 @@ def _flash_varlen():
     return flash_attn_varlen_func
 
 
-def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """The backend ``auto`` means on ``device`` for ``dtype``; a named one is checked."""
+@functools.lru_cache(maxsize=None)
+def _torch_flash_device(device: torch.device) -> bool:
+    """Whether PyTorch's own flash kernel runs on ``device``: a CUDA build that has it and a GPU
+    of compute capability 8.0 (Ampere) or newer."""
+    if device.type != "cuda" or not torch.backends.cuda.is_flash_attention_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def _torch_flash_ok(device: torch.device, half: bool, head_dim: int | None) -> bool:
+    shape_ok = head_dim is None or (head_dim % 8 == 0 and head_dim <= 256)
+    return half and shape_ok and _torch_flash_device(device)
+
+
+def resolve_backend(name: str, device: torch.device, dtype: torch.dtype,
+                    head_dim: int | None = None) -> str:
+    """The backend ``auto`` means on ``device`` for ``dtype`` (and, when given, the head size); a
+    named one is checked."""
     if name not in BACKENDS:
         raise ValueError(f"attention backend {name!r} is not one of {', '.join(BACKENDS)}")
     half = dtype in (torch.float16, torch.bfloat16)
     if name == "flash" and (_flash_varlen() is None or device.type != "cuda" or not half):
         raise ValueError("the flash backend needs the flash-attn package, a CUDA device and "
                          "fp16/bf16 activations; use backend auto")
+    if name == "torch-flash" and not _torch_flash_ok(device, half, head_dim):
+        raise ValueError("the torch-flash backend needs a CUDA GPU of compute capability 8.0 or "
+                         "newer, PyTorch built with flash attention, fp16/bf16 activations and "
+                         "a head size that is a multiple of 8 up to 256; use backend auto")
     if name != "auto":
         return name
     if device.type == "cuda":
-        return "flash" if half and _flash_varlen() is not None else "nested"
+        if half and _flash_varlen() is not None:
+            return "flash"
+        return "torch-flash" if _torch_flash_ok(device, half, head_dim) else "nested"
     return "padded"
+
+
+FUSED = ("flash", "torch-flash")
+"""The backends that are one fused varlen kernel call (:func:`fused_varlen`)."""
+
+
+def fused_varlen(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
+                 dropout_p: float = 0.0, causal: bool = False) -> torch.Tensor:
+    """Queries (T_q, heads, head_dim) of the sequences ``cu_q`` over keys and values (T_k, heads,
+    head_dim) of the sequences ``cu_k`` (int32 offsets; ``max_*`` host ints) with a fused varlen
+    kernel: ``flash`` (the flash-attn package) or ``torch-flash`` (PyTorch's own operator, which
+    wants a contiguous layout; its gradients come from PyTorch's autograd formula for it)."""
+    if backend == "flash":
+        return _flash_varlen()(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=dropout_p,
+                               causal=causal)
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p,
+                                                   causal, False)[0]
 
 
 @torch.compiler.disable  # a kernel call on data-dependent layouts: eager between compiled regions
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
                      dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
     """Bidirectional attention within each sequence: q, k, v (T, heads, head_dim) -> same shape."""
-    backend = resolve_backend(backend, q.device, q.dtype)
-    if backend == "flash":
+    backend = resolve_backend(backend, q.device, q.dtype, q.shape[-1])
+    if backend in FUSED:
         cu = layout.cu_seqlens
-        return _flash_varlen()(q, k, v, cu, cu, layout.max_seqlen, layout.max_seqlen,
-                               dropout_p=dropout_p)
+        return fused_varlen(backend, q, k, v, cu, cu, layout.max_seqlen, layout.max_seqlen,
+                            dropout_p)
     if backend == "nested":
         return _nested_attention(q, k, v, layout, dropout_p)
     return _bucketed_attention(q, k, v, layout, dropout_p)
@@ -196,5 +242,5 @@ def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layou
     return out
 
 
-__all__ = ["Attend", "BACKENDS", "BUCKET", "attend", "nested_heads", "resolve_backend",
-           "varlen_attention"]
+__all__ = ["Attend", "BACKENDS", "BUCKET", "FUSED", "attend", "fused_varlen", "nested_heads",
+           "resolve_backend", "varlen_attention"]

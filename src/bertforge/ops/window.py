@@ -97,7 +97,7 @@ def window_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     layout, window = plan.layout, plan.window
     if layout.max_seqlen - 1 <= window:
         return varlen_attention(q, k, v, layout, dropout_p, backend)
-    if resolve_backend(backend, q.device, q.dtype) == "flash":  # UNTESTED (no GPU here)
+    if resolve_backend(backend, q.device, q.dtype, q.shape[-1]) == "flash":  # UNTESTED (no GPU)
         cu = layout.cu_seqlens
         return _flash_varlen()(q, k, v, cu, cu, layout.max_seqlen, layout.max_seqlen,
                                dropout_p=dropout_p, window_size=(window, window))
