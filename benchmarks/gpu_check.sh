@@ -141,11 +141,12 @@ SQUAD=$REPO/tests/assets/squad/v1_sample.json
 XSUM=$REPO/tests/assets/summarization/xsum.jsonl
 D=$WORK/data
 
-# name : estimated seconds on one H100 (best guesses, see benchmarks/README.md) : cap in seconds
+# name : estimated seconds on one H100/H200 (measured 2026-11-27 plus margins, see
+# benchmarks/README.md) : cap in seconds
 PLAN=(
-  "setup:10:90" "env:8:60" "pytest:30:150" "data:25:150" "pretrain:55:180" "finetune:15:120"
-  "bart:20:120" "serve:12:90" "onnx:15:120" "fp16:15:120" "bench-phase1:95:210"
-  "bench-phase2:80:180" "runner:50:150"
+  "setup:20:90" "env:8:60" "pytest:30:150" "data:15:150" "pretrain:55:180" "finetune:15:120"
+  "bart:40:120" "serve:12:90" "onnx:25:120" "fp16:16:120" "bench-phase1:100:210"
+  "bench-phase2:60:180" "runner:35:150"
 )
 
 # --- the stages (each runs in a subshell with set -e; `tm` bounds a command by the stage's end) ---
@@ -364,7 +365,7 @@ done
 total=0
 echo "bertforge GPU check$( ((DRY)) && echo ' (DRY RUN: every stage on the CPU, tiny shapes)')"
 echo "python: $PY; results: $RES; budget ${BUDGET}s"
-echo "expected wall time on one H100 (estimates, not measurements):"
+echo "expected wall time on one H100 (measured stage times plus margins):"
 for entry in "${PLAN[@]}"; do
   IFS=: read -r name est cap <<<"$entry"
   printf '  %-14s ~%4ss  (limit %ss)\n' "$name" "$est" "$cap"

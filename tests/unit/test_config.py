@@ -99,6 +99,10 @@ def test_bad_overrides_name_the_key(override: str, message: str) -> None:
     (["--checkpoint.every=0"], r"checkpoint\.every must be >= 1, got 0"),
     (["--train.attention_backend=flash", "--precision=fp32"],
      r"train\.attention_backend=flash needs bf16 or fp16 activations .* precision=fp32"),
+    (["--train.attention_backend=torch-flash", "--precision=fp32"],
+     r"train\.attention_backend=torch-flash needs bf16 or fp16 activations .* precision=fp32"),
+    (["--train.attention_backend=fast"], r"train\.attention_backend must be one of auto, flash, "
+     r"torch-flash, nested, padded, got 'fast'"),
     (["--train.fsdp_reduce_dtype=fp16"], r"train\.fsdp_reduce_dtype must be one of fp32, bf16"),
 ])
 def test_invalid_values_are_rejected(overrides: list[str], message: str) -> None:
