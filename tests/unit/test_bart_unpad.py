@@ -7,8 +7,8 @@
   through its last scored target): logits at the scored positions and every gradient equal the
   padded pass (post-LN and pre-LN, scored positions with gaps, rows scoring nothing, no scored
   positions at all, gradient checkpointing, the loader's layout);
-* ``seq2seq_loss``'s cross-entropy equals ``F.cross_entropy`` (with and without label
-  smoothing) and its accuracy the argmax's;
+* the vocabulary cross-entropy ``seq2seq_loss`` uses (``bertforge.ops.loss``) equals
+  ``F.cross_entropy`` (with and without label smoothing) and its accuracy the argmax's;
 * regionally compiled layers (the GPU default) equal eager ones, without a recompile per batch.
 """
 
@@ -26,7 +26,8 @@ from bertforge.models.bart_config import BartConfig
 from bertforge.models.bart_varlen import (Seq2SeqLayout, causal_attention, cross_attention,
                                           target_layout)
 from bertforge.ops.unpad import token_layout
-from bertforge.tasks.denoise import cross_entropy, seq2seq_loss
+from bertforge.ops.loss import vocab_cross_entropy
+from bertforge.tasks.denoise import seq2seq_loss
 from bertforge.train.parallelize import (compile_layers, set_gradient_checkpointing,
                                          set_unpadding)
 
@@ -267,7 +268,8 @@ def test_cross_entropy_equals_torchs(label_smoothing) -> None:
     target = torch.randint(0, 50, (37,))
     target[:5] = logits.detach()[:5].argmax(-1)  # some right answers
     reference = logits.detach().clone().requires_grad_()
-    loss, nll, accuracy = cross_entropy(logits, target, label_smoothing)
+    loss, nll, correct = vocab_cross_entropy(logits, target, label_smoothing)
+    accuracy = correct.float() / target.numel()
     expected = F.cross_entropy(reference, target, label_smoothing=label_smoothing)
     (2.5 * loss).backward()
     (2.5 * expected).backward()

@@ -437,3 +437,21 @@ def test_cuda_unpadded_bert_trains_like_the_padded_one_in_bf16() -> None:
         if name.endswith("key.bias"):  # softmax ignores it: its gradient is 0 plus rounding
             continue
         assert rel_err(grads_b[name], grads_a[name].float()) < 5e-2, name
+
+
+@pytest.mark.parametrize("case", ["causal", "bias"])
+def test_cpu_half_precision_sdpa_takes_causal_and_float_bias(case) -> None:
+    """BART's causal attention and ModernBERT's window bias go through the same fp32 detour on a
+    CPU: bf16 inputs under autocast give fp32 attention of those inputs, rounded once."""
+    from bertforge.ops.attention import sdpa
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 8).bfloat16() for _ in range(3))
+    bias = torch.randn(2, 1, 6, 6).bfloat16() if case == "bias" else None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sdpa(q, k, v, bias, 0.0, is_causal=case == "causal")
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=None if bias is None else bias.float(),
+        is_causal=case == "causal")
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, want.bfloat16())

@@ -12,7 +12,9 @@ from bertforge.ops.loss import vocab_cross_entropy
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk_bytes", [64, 4 << 20])  # many chunks (one row each), one chunk
-def test_loss_accuracy_and_gradient_match_pytorch(dtype, chunk_bytes, monkeypatch) -> None:
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_loss_accuracy_and_gradient_match_pytorch(dtype, chunk_bytes, smoothing,
+                                                  monkeypatch) -> None:
     monkeypatch.setattr(loss_module, "_CHUNK_BYTES", chunk_bytes)
     torch.manual_seed(0)
     base = (torch.randn(37, 101) * 3).to(dtype)
@@ -20,9 +22,11 @@ def test_loss_accuracy_and_gradient_match_pytorch(dtype, chunk_bytes, monkeypatc
     target[:5] = base[:5].float().argmax(-1)  # some rows predicted right
     ours = base.clone().requires_grad_()
     ref = base.clone().requires_grad_()
-    loss, correct = vocab_cross_entropy(ours, target)
-    want = F.cross_entropy(ref.float(), target)
+    loss, nll, correct = vocab_cross_entropy(ours, target, smoothing)
+    want = F.cross_entropy(ref.float(), target, label_smoothing=smoothing)
     torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(nll, F.cross_entropy(base.float(), target), rtol=1e-6, atol=1e-6)
+    assert not nll.requires_grad and not correct.requires_grad
     assert int(correct) == int(ref.float().argmax(-1).eq(target).sum())
     (2.5 * loss).backward()
     (2.5 * want).backward()
@@ -66,7 +70,7 @@ def test_a_view_of_padded_logits_and_no_gradient() -> None:
     padded = torch.randn(6, 16)
     target = torch.randint(13, (6,))
     with torch.no_grad():
-        loss, _ = vocab_cross_entropy(padded[:, :13], target)
+        loss, _, _ = vocab_cross_entropy(padded[:, :13], target)
     torch.testing.assert_close(loss, F.cross_entropy(padded[:, :13], target))
 
 

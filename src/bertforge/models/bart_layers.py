@@ -31,7 +31,7 @@ from bertforge.errors import DataError
 from bertforge.models.bart_cache import LayerCache
 from bertforge.models.bart_config import BartConfig
 from bertforge.models.bart_varlen import Seq2SeqLayout, causal_attention, cross_attention
-from bertforge.ops.attention import Attend, attend, resolve_backend
+from bertforge.ops.attention import Attend, attend, resolve_backend, sdpa
 from bertforge.ops.unpad import TokenLayout
 
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 (a fairseq legacy kept by all ports)
@@ -102,8 +102,7 @@ class BartAttention(nn.Module):
         ``mask`` bool, broadcastable to (B, heads, T, S), True = may attend -> (B, T, D)."""
         b, t, d = hidden.shape
         q = self._heads(self.q_proj(hidden))
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal and mask is None, dropout_p=self._drop)
+        context = sdpa(q, k, v, mask, self._drop, is_causal=is_causal and mask is None)
         return self.out_proj(context.transpose(1, 2).reshape(b, t, d))
 
     def self_attend(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge.ops.attention import BUCKET, FUSED, fused_varlen, nested_heads, resolve_backend
+from bertforge.ops.attention import (BUCKET, FUSED, fused_varlen, nested_heads, resolve_backend,
+                                     sdpa)
 from bertforge.ops.unpad import TokenLayout, token_layout
 
 
@@ -235,9 +236,9 @@ def _grouped_attention(q: torch.Tensor, kv: torch.Tensor | None, where: Seq2SeqL
             key, value = key.unflatten(0, (g.rows, g.k_width)).unbind(2)
         else:
             query, key, value = query.unflatten(0, (g.rows, g.q_width)).unbind(2)
-        context = F.scaled_dot_product_attention(  # (rows, heads, width, head_dim)
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-            attn_mask=g.keep, is_causal=not cross, dropout_p=dropout_p)
+        context = sdpa(  # (rows, heads, width, head_dim)
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), g.keep, dropout_p,
+            is_causal=not cross)
         outputs.append(context.transpose(1, 2).reshape(g.rows * g.q_width, heads, head_dim))
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
     return out if plan.queries is None else _Scatter.apply(out, plan.queries)

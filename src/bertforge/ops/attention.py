@@ -63,18 +63,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, where: Attend,
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-         dropout_p: float) -> torch.Tensor:
-    """``scaled_dot_product_attention`` in SDPA's layout. On a CPU, bf16/fp16 inputs are
-    attended in fp32 (autocast off) and the result is cast back: PyTorch's CPU attention kernels
-    are slower in half precision than in fp32 (forward and backward 2.3x slower in bf16 at
-    BERT-mini's shapes, on a CPU whose bf16 matrix units make the linear layers 7x faster;
-    docs/performance.md), while the matrix products around them keep their half precision."""
+         dropout_p: float, is_causal: bool = False) -> torch.Tensor:
+    """``scaled_dot_product_attention`` in SDPA's layout (``mask``: bool keep mask or an additive
+    float bias). On a CPU, bf16/fp16 inputs are attended in fp32 (autocast off) and the result
+    is cast back: PyTorch's CPU attention kernels are slower in half precision than in fp32
+    (forward and backward 2.3x slower in bf16 at BERT-mini's shapes, on a CPU whose bf16 matrix
+    units make the linear layers 7x faster; docs/performance.md), while the matrix products
+    around them keep their half precision."""
     if q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16):
+        if mask is not None and mask.is_floating_point():
+            mask = mask.float()
         with torch.autocast("cpu", enabled=False):  # autocast would cast SDPA's inputs back
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                 attn_mask=mask, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                 dropout_p=dropout_p, is_causal=is_causal)
         return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          is_causal=is_causal)
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,4 +247,4 @@ def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layou
 
 
 __all__ = ["Attend", "BACKENDS", "BUCKET", "FUSED", "attend", "fused_varlen", "nested_heads",
-           "resolve_backend", "varlen_attention"]
+           "resolve_backend", "sdpa", "varlen_attention"]

@@ -1,4 +1,5 @@
-"""Cross-entropy over a large vocabulary, row chunk by row chunk: :func:`vocab_cross_entropy`.
+"""Cross-entropy over a large vocabulary, row chunk by row chunk: :func:`vocab_cross_entropy`,
+the loss of every vocabulary head (BERT's masked LM, BART's decoder, with label smoothing).
 
 The masked-LM loss reads (N, V) logits with V the vocabulary (30,522 for BERT's): the largest
 tensors of a small model's step. ``F.cross_entropy(logits.float(), target)`` passes over them
@@ -29,7 +30,8 @@ def _keep_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class _VocabCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor):  # type: ignore[override]
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor,  # type: ignore[override]
+                smoothing: float):
         n, v = logits.shape
         budget = _CHUNK_BYTES if logits.device.type == "cpu" else _DEVICE_CHUNK_BYTES
         rows = max(1, budget // (4 * v))
@@ -37,48 +39,57 @@ class _VocabCrossEntropy(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad = torch.empty(logits.shape, dtype=_keep_dtype(logits.dtype),
                                device=logits.device)
-        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        nll = torch.zeros((), dtype=torch.float32, device=logits.device)
+        spread = torch.zeros((), dtype=torch.float32, device=logits.device)
         correct = torch.zeros((), dtype=torch.long, device=logits.device)
         for start in range(0, n, rows):
             x = logits[start:start + rows].float()
             t = target[start:start + rows, None]
             lse = torch.logsumexp(x, dim=-1, keepdim=True)
-            total += (lse - x.gather(1, t)).sum()
+            nll += (lse - x.gather(1, t)).sum()
+            if smoothing:  # -log p averaged over the vocabulary: lse - mean of the logits
+                spread += (lse.squeeze(1) - x.mean(-1)).sum()
             correct += x.argmax(-1).eq(t.squeeze(1)).sum()
             if grad is not None:
                 p = x.sub_(lse).exp_()                  # softmax, in place of the fp32 chunk
-                p.scatter_add_(1, t, p.new_full(t.shape, -1.0))
+                p.scatter_add_(1, t, p.new_full(t.shape, smoothing - 1.0))
+                if smoothing:
+                    p.sub_(smoothing / v)
                 grad[start:start + rows] = p.div_(n)
         ctx.save_for_backward(grad)
         ctx.rows, ctx.dtype = rows, logits.dtype
-        ctx.mark_non_differentiable(correct)
-        return total / n, correct
+        nll = nll / n
+        loss = (1.0 - smoothing) * nll + spread * (smoothing / n) if smoothing else nll.clone()
+        ctx.mark_non_differentiable(nll, correct)
+        return loss, nll, correct
 
     @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_correct):  # type: ignore[override]
+    def backward(ctx, grad_loss: torch.Tensor, _grad_nll, _grad_correct):  # type: ignore[override]
         (grad,) = ctx.saved_tensors
         scale = grad_loss.float()
         if grad.dtype == torch.float32:
-            return (grad * scale).to(ctx.dtype), None
+            return (grad * scale).to(ctx.dtype), None, None
         # half-precision gradient: scaled in fp32 chunk by chunk, so that a loss scale or an
         # accumulation factor is not first rounded to the half dtype
         out = torch.empty_like(grad)
         for start in range(0, grad.shape[0], ctx.rows):
             out[start:start + ctx.rows] = grad[start:start + ctx.rows].float().mul_(scale)
-        return out, None
+        return out, None, None
 
 
-def vocab_cross_entropy(logits: torch.Tensor,
-                        target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mean cross-entropy, number of rows whose argmax is the target)`` of (N, V) logits and
-    (N,) target ids (every row counts: select the predicted rows first). The loss is computed in
-    fp32 whatever the logits' dtype, as ``F.cross_entropy(logits.float(), target)`` is; its
-    gradient has the logits' dtype (kept in fp32 until backward for fp16 logits, whose loss
-    scale arrives only then). N = 0 gives NaN, as the mean of nothing does."""
+def vocab_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, nll, correct)`` of (N, V) logits and (N,) target ids (every row counts: select
+    the scored rows first): ``loss`` is the mean cross-entropy with ``label_smoothing`` (as
+    ``F.cross_entropy(logits.float(), target, label_smoothing=...)``), ``nll`` its value without
+    smoothing and ``correct`` the number of rows whose argmax is the target; only ``loss``
+    carries a gradient. Computed in fp32 whatever the logits' dtype; the gradient has the
+    logits' dtype (kept in fp32 until backward for fp16 logits, whose loss scale arrives only
+    then). N = 0 gives NaN, as the mean of nothing does."""
     if logits.dim() != 2 or target.shape != logits.shape[:1]:
         raise ValueError(f"want (N, V) logits and (N,) targets, got {tuple(logits.shape)} and "
                          f"{tuple(target.shape)}")
-    return _VocabCrossEntropy.apply(logits, target)
+    return _VocabCrossEntropy.apply(logits, target, float(label_smoothing))
 
 
 __all__ = ["vocab_cross_entropy"]

@@ -35,6 +35,7 @@ from bertforge.ops.attention import (
     _flash_varlen,
     attend,
     resolve_backend,
+    sdpa,
     varlen_attention,
 )
 from bertforge.ops.unpad import TokenLayout
@@ -151,8 +152,7 @@ def blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         padded = F.pad(x, (0, 0, 0, 0, window, tail + window))
         return padded.unfold(0, span, block).permute(0, 1, 3, 2)
 
-    out = F.scaled_dot_product_attention(qb, keys(k), keys(v), attn_mask=bias,
-                                         dropout_p=dropout_p)
+    out = sdpa(qb, keys(k), keys(v), bias, dropout_p)
     return out.transpose(1, 2).reshape(blocks * block, *q.shape[1:])[:t]
 
 

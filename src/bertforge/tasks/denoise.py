@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from bertforge.config import PretrainConfig
@@ -21,6 +20,7 @@ from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput
 from bertforge.data.masking import normalize_special_ids
 from bertforge.data.noising import NoiseVocab
 from bertforge.errors import ConfigError
+from bertforge.ops.loss import vocab_cross_entropy
 from bertforge.ops.unpad import layout_from_batch
 from bertforge.models.loading import ModelSource
 from bertforge.tasks.stream import CorpusTask
@@ -41,50 +41,6 @@ def noise_vocab(tokenizer: Any) -> NoiseVocab:
                       special_ids=specials, is_word_start=starts)
 
 
-class _CrossEntropy(torch.autograd.Function):
-    """Mean token cross-entropy of (N, V) logits with label smoothing, returning also the plain
-    NLL and the accuracy from the same pass over the logits. Forward: one fused log-softmax
-    (each row read while it is in cache), then per-row reads of it; backward: one fused softmax,
-    scaled in place. ``F.cross_entropy`` keeps its (N, V) log-softmax for backward and
-    zero-fills another (N, V) buffer there; with smoothing, logging the NLL beside it cost
-    another log-softmax; and an argmax for the accuracy cost several times a max on a CPU."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, smoothing: float):
-        log_probs = torch.log_softmax(logits, dim=1)                              # (N, V)
-        picked = log_probs.gather(1, target[:, None])                             # (N, 1)
-        nll = -picked.mean()
-        loss = nll.clone()
-        if smoothing:  # (1 - e) nll + e * mean over the vocabulary of -log p
-            loss = (1.0 - smoothing) * nll - smoothing * log_probs.mean()
-        # a target scored as high as the row's best counts (ties have measure zero)
-        accuracy = (picked >= log_probs.amax(dim=1, keepdim=True)).float().mean()
-        ctx.save_for_backward(logits, target)
-        ctx.smoothing = smoothing
-        ctx.mark_non_differentiable(nll, accuracy)
-        return loss, nll, accuracy
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor, *_):
-        logits, target = ctx.saved_tensors
-        n, vocab = logits.shape
-        e = ctx.smoothing
-        out = torch.softmax(logits, dim=1)  # (N, V)
-        out[torch.arange(n, device=logits.device), target] -= 1.0 - e
-        if e:
-            out.sub_(e / vocab)
-        return out.mul_(grad / n), None, None
-
-
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor,
-                  label_smoothing: float = 0.0) -> tuple[torch.Tensor, ...]:
-    """(loss, nll, accuracy) of (N, V) fp32 logits for (N,) targets: ``loss`` equals
-    ``F.cross_entropy(logits, target, label_smoothing=...)``; ``nll`` (its value without
-    smoothing) and ``accuracy`` (the share of targets scored highest) carry no gradient."""
-    loss, nll, accuracy = _CrossEntropy.apply(logits, target, float(label_smoothing))
-    return loss, nll, accuracy
-
-
 def seq2seq_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> LossOutput:
     """Cross-entropy of the decoder's predictions at every target token (mean over tokens);
     ``label_smoothing`` spreads that much probability mass uniformly over the vocabulary."""
@@ -92,9 +48,11 @@ def seq2seq_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -
     scored = labels.ne(IGNORE_INDEX)                  # (B, T)
     logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
                    decoder_input_ids=batch["decoder_input_ids"], target_positions=scored,
-                   layout=layout_from_batch(batch)).logits.float()  # (N, V)
-    loss, nll, accuracy = cross_entropy(logits, labels[scored], label_smoothing)
-    stats = {"loss": loss.detach(), "token_acc": accuracy}
+                   layout=layout_from_batch(batch)).logits  # (N, V)
+    # fp32 loss, gradient in the logits' dtype, one pass over them (bertforge.ops.loss)
+    target = labels[scored]
+    loss, nll, correct = vocab_cross_entropy(logits, target, label_smoothing)
+    stats = {"loss": loss.detach(), "token_acc": correct.float() / target.numel()}
     if label_smoothing:
         stats["nll"] = nll
     tokens = batch["attention_mask"].sum() + scored.sum()

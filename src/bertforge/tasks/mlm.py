@@ -53,7 +53,7 @@ def pretraining_loss(model: nn.Module, batch: Batch) -> LossOutput:
     logits = getattr(out, "mlm_logits", None)
     logits = out.logits if logits is None else logits   # (N, V), N = masked tokens
     # fp32 loss, gradient in the logits' dtype, one pass over them (bertforge.ops.loss)
-    mlm_loss, correct = vocab_cross_entropy(logits, target)
+    mlm_loss, _, correct = vocab_cross_entropy(logits, target)
     stats = {"mlm_loss": mlm_loss.detach(), "mlm_acc": correct.float() / target.numel()}
     loss = mlm_loss
     nsp_logits = getattr(out, "nsp_logits", None)
