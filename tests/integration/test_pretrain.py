@@ -123,6 +123,7 @@ def test_benchmark_mode(tmp_path: Path, tiny, tiny_config) -> None:
     assert json.loads((tmp_path / "benchmark.json").read_text()) == report
     assert not list(tmp_path.glob("checkpoint-*")) and not (tmp_path / "metrics.jsonl").exists()
     assert report["timed_steps"] == 2 and report["accumulation"] == 2
+    assert report["compiled"] is False  # train.compile's default on a CPU
     assert report["mfu"] is None and "unknown" in report["mfu_note"]
     assert report["peak_memory_gib"] > 0
     # unpadded (the default) with the loader's layout: only the non-finite guard waits

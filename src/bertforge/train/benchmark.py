@@ -24,6 +24,7 @@ from bertforge.core.io import write_json_atomic
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import peak_flops
 from bertforge.train.loop import LoopConfig, step_groups, train_step
+from bertforge.train.parallelize import compiles
 from bertforge.train.syncs import SyncCounter, host_resident
 
 
@@ -100,7 +101,9 @@ def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, t
         "model_shape": model.config.shape_summary(),
         "precision": precision.name, "global_batch_size": cfg.train.global_batch_size,
         "micro_batch_size": cfg.train.micro_batch_size,
-        "accumulation": loop_cfg.accumulation, "warmup_steps": warmup, "timed_steps": steps,
+        "accumulation": loop_cfg.accumulation,
+        "compiled": compiles(getattr(cfg.train, "compile", None), info.device),
+        "warmup_steps": warmup, "timed_steps": steps,
         "seconds": elapsed, "sequences_per_s": seqs / elapsed, "tokens_per_s": tokens / elapsed,
         "mean_tokens_per_sequence": tokens / max(seqs, 1),
         "model_tflops_per_s": achieved / 1e12,

@@ -62,6 +62,12 @@ def set_unpadding(model: nn.Module, enabled: bool = True, backend: str = "auto")
             module.varlen_backend = backend
 
 
+def compiles(setting: bool | None, device: torch.device) -> bool:
+    """Whether ``train.compile`` = ``setting`` compiles on ``device``: None (the default) means
+    on for GPUs, off for CPUs (docs/performance.md, "torch.compile")."""
+    return bool(setting) if setting is not None else device.type == "cuda"
+
+
 def compile_layers(model: nn.Module, **options: Any) -> None:
     """``torch.compile`` each of ``model.transformer_layers()`` in place (regional compilation):
     one graph serves every layer of a stack, so compiling costs seconds, not minutes, and the
@@ -74,5 +80,5 @@ def compile_layers(model: nn.Module, **options: Any) -> None:
         block.compile(**{"dynamic": True, **options})
 
 
-__all__ = ["apply_speed_options", "check_attention_backend", "compile_layers",
+__all__ = ["apply_speed_options", "check_attention_backend", "compile_layers", "compiles",
            "set_gradient_checkpointing", "set_unpadding"]

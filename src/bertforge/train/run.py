@@ -37,7 +37,7 @@ from bertforge.train.distributed import (DistInfo, any_rank, barrier, cleanup,
                                          local_tensors, on_rank0, shard_model, wrap_ddp)
 from bertforge.train.guards import nonfinite_summary, optimizer_tensors, refuse_nonfinite
 from bertforge.train.loop import Hooks, LoopConfig, Trainer
-from bertforge.train.parallelize import apply_speed_options, check_attention_backend
+from bertforge.train.parallelize import apply_speed_options, check_attention_backend, compiles
 from bertforge.train.precision import build_precision
 from bertforge.train.resume import resolve_resume
 from bertforge.train.rng import capture_rng_state, restore_rng_state
@@ -142,8 +142,7 @@ class _Setup:
         apply_speed_options(  # before sharding: FSDP's hooks stay outside the compiled graphs
             model, unpad=cfg.train.unpad, attention_backend=cfg.train.attention_backend,
             gradient_checkpointing=cfg.train.gradient_checkpointing,
-            compile=cfg.train.compile or (cfg.train.compile is None
-                                          and info.device.type == "cuda"))
+            compile=compiles(cfg.train.compile, info.device))
         # FSDP2 replaces the parameters with sharded ones (DTensors), so it comes before the
         # optimizer is built over them; DDP wraps the model at the end instead.
         self.sharded = bool(cfg.train.fsdp) and shard_model(
