@@ -42,20 +42,34 @@ class _VocabCrossEntropy(torch.autograd.Function):
         nll = torch.zeros((), dtype=torch.float32, device=logits.device)
         spread = torch.zeros((), dtype=torch.float32, device=logits.device)
         correct = torch.zeros((), dtype=torch.long, device=logits.device)
+        in_place = grad is not None and grad.dtype == torch.float32
         for start in range(0, n, rows):
-            x = logits[start:start + rows].float()
+            x = logits[start:start + rows].float()      # a copy, or a view of fp32 logits
             t = target[start:start + rows, None]
-            lse = torch.logsumexp(x, dim=-1, keepdim=True)
-            nll += (lse - x.gather(1, t)).sum()
+            top = x.amax(dim=-1, keepdim=True)
+            picked = x.gather(1, t)
+            correct += (picked >= top).sum()            # ties with the best count as correct
             if smoothing:  # -log p averaged over the vocabulary: lse - mean of the logits
-                spread += (lse.squeeze(1) - x.mean(-1)).sum()
-            correct += x.argmax(-1).eq(t.squeeze(1)).sum()
-            if grad is not None:
-                p = x.sub_(lse).exp_()                  # softmax, in place of the fp32 chunk
-                p.scatter_add_(1, t, p.new_full(t.shape, smoothing - 1.0))
+                spread -= x.mean(-1).sum()
+            # exp(x - max), reused as the softmax: built in the gradient buffer when that is
+            # fp32, else in x when x is a copy (never in the caller's logits)
+            if in_place:
+                e = torch.sub(x, top, out=grad[start:start + rows])
+            else:
+                e = x.sub_(top) if logits.dtype != torch.float32 else x - top
+            e.exp_()
+            total = e.sum(dim=-1, keepdim=True)
+            lse = top + total.log()
+            nll += (lse - picked).sum()
+            if smoothing:
+                spread += lse.sum()
+            if grad is not None:  # (softmax - (1 - e) onehot - e / V) / n
+                p = e.mul_(total.reciprocal_().div_(n))
+                p.scatter_add_(1, t, p.new_full(t.shape, (smoothing - 1.0) / n))
                 if smoothing:
-                    p.sub_(smoothing / v)
-                grad[start:start + rows] = p.div_(n)
+                    p.sub_(smoothing / (v * n))
+                if not in_place:
+                    grad[start:start + rows] = p
         ctx.save_for_backward(grad)
         ctx.rows, ctx.dtype = rows, logits.dtype
         nll = nll / n
@@ -67,8 +81,8 @@ class _VocabCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll, _grad_correct):  # type: ignore[override]
         (grad,) = ctx.saved_tensors
         scale = grad_loss.float()
-        if grad.dtype == torch.float32:
-            return (grad * scale).to(ctx.dtype), None, None
+        if grad.dtype == torch.float32:  # in place, no second (N, V) buffer (a second backward
+            return grad.mul_(scale).to(ctx.dtype), None, None  # is refused by autograd)
         # half-precision gradient: scaled in fp32 chunk by chunk, so that a loss scale or an
         # accumulation factor is not first rounded to the half dtype
         out = torch.empty_like(grad)
@@ -82,8 +96,9 @@ def vocab_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smooth
     """``(loss, nll, correct)`` of (N, V) logits and (N,) target ids (every row counts: select
     the scored rows first): ``loss`` is the mean cross-entropy with ``label_smoothing`` (as
     ``F.cross_entropy(logits.float(), target, label_smoothing=...)``), ``nll`` its value without
-    smoothing and ``correct`` the number of rows whose argmax is the target; only ``loss``
-    carries a gradient. Computed in fp32 whatever the logits' dtype; the gradient has the
+    smoothing and ``correct`` the number of rows whose target scores as high as the row's
+    best (ties count: they have measure zero for real logits, and a max is several times
+    cheaper than an argmax on a CPU); only ``loss`` carries a gradient. Computed in fp32 whatever the logits' dtype; the gradient has the
     logits' dtype (kept in fp32 until backward for fp16 logits, whose loss scale arrives only
     then). N = 0 gives NaN, as the mean of nothing does."""
     if logits.dim() != 2 or target.shape != logits.shape[:1]:
