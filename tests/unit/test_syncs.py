@@ -112,9 +112,10 @@ def test_counts_agree_with_cuda_sync_debug_mode(backend) -> None:
 
     group = [to_device(collate_rows(rows(), pad_id=0, pad_to_multiple_of=8), device)]
     params = list(model.parameters())
-    # Two steps under both modes, the second one counted: in the first, CUDA's debug mode also
-    # reported a one-time wait from inside torch.cuda (its first use in the process: on a GPU
-    # run only the first parametrization saw it, whichever backend that was).
+    # Two steps under both modes, the second one counted: on the first GPU runs (torch 2.11)
+    # the first use of the debug mode in a process also reported one wait attributed to
+    # torch.cuda.set_sync_debug_mode itself (torch/cuda/__init__.py:1270), not to the step:
+    # only the first parametrization saw it, whichever backend that was.
     for _ in range(2):
         torch.cuda.synchronize()
         with SyncCounter(device) as counter, cuda_sync_warnings() as caught:
