@@ -98,9 +98,10 @@ def vocab_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smooth
     ``F.cross_entropy(logits.float(), target, label_smoothing=...)``), ``nll`` its value without
     smoothing and ``correct`` the number of rows whose target scores as high as the row's
     best (ties count: they have measure zero for real logits, and a max is several times
-    cheaper than an argmax on a CPU); only ``loss`` carries a gradient. Computed in fp32 whatever the logits' dtype; the gradient has the
-    logits' dtype (kept in fp32 until backward for fp16 logits, whose loss scale arrives only
-    then). N = 0 gives NaN, as the mean of nothing does."""
+    cheaper than an argmax on a CPU); only ``loss`` carries a gradient. Computed in fp32
+    whatever the logits' dtype; the gradient has the logits' dtype (kept in fp32 until backward
+    for fp16 logits, whose loss scale arrives only then). N = 0 gives NaN, as the mean of
+    nothing does."""
     if logits.dim() != 2 or target.shape != logits.shape[:1]:
         raise ValueError(f"want (N, V) logits and (N,) targets, got {tuple(logits.shape)} and "
                          f"{tuple(target.shape)}")
