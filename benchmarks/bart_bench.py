@@ -29,7 +29,8 @@ Both models hold the same weights (bertforge's ``save_pretrained`` -> transforme
 Variants run in interleaved rounds after a warm-up; the median over rounds is reported with
 min/max as the noise. ``--compile`` adds bertforge with its layers compiled (``train.compile``,
 the GPU default) as a third contestant on the same weights; model FLOP/s counts each pair at its
-real lengths, and on a GPU with a known peak ``mfu`` divides by it. Results: ``benchmarks/results/bart-<device>-<date>.json``
+real lengths, and on a GPU with a known peak ``mfu`` divides by it. Results:
+``benchmarks/results/bart-<device>-<date>.json``
 (``--generation-only``: ``bart-<device>-generation-<date>.json``).
 """
 

@@ -533,7 +533,8 @@ def profile_variants(variants: list[Variant], steps: int, device: torch.device,
 
         out[v.name] = {
             "steps": steps,
-            "self_cpu_ms_per_step": round(sum(e.self_cpu_time_total for e in events) / 1e3 / steps, 1),
+            "self_cpu_ms_per_step": round(
+                sum(e.self_cpu_time_total for e in events) / 1e3 / steps, 1),
             "self_device_ms_per_step": round(
                 sum(e.self_device_time_total for e in events) / 1e3 / steps, 1),
             "top_by_cpu": ranked("self_cpu_time_total"),
@@ -541,7 +542,8 @@ def profile_variants(variants: list[Variant], steps: int, device: torch.device,
         }
         print(f"profile {v.name}: per step {out[v.name]['self_cpu_ms_per_step']} ms host, "
               f"{out[v.name]['self_device_ms_per_step']} ms device; top by host: " + "; ".join(
-                  f"{r['op']} {r['self_cpu_ms']} ms x{r['calls']}" for r in out[v.name]["top_by_cpu"][:6])
+                  f"{r['op']} {r['self_cpu_ms']} ms x{r['calls']}"
+                  for r in out[v.name]["top_by_cpu"][:6])
               + ("; top by device: " + "; ".join(
                   f"{r['op'][:60]} {r['self_device_ms']} ms x{r['calls']}"
                   for r in out[v.name]["top_by_device"][:6]) if device.type == "cuda" else ""),
