@@ -3,7 +3,7 @@
     python benchmarks/suite.py                      # CPU: the CPU entries (~15-25 min on 2 quiet cores)
     python benchmarks/suite.py --quick              # a smoke run of the same entries (~5 min)
     python benchmarks/suite.py --device cuda        # GPU entries (the default when a GPU is seen)
-    python benchmarks/suite.py --only pretrain,bart # a selection (entry names or their prefixes)
+    python benchmarks/suite.py --only pretrain,bart # a selection (entry names, else prefixes)
     python benchmarks/suite.py --only quality       # time to quality (~50 min), never run by default
 
 Each entry runs as a subprocess with its own ``--output`` under
@@ -178,13 +178,19 @@ def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
 
 
 def select(entries: list[Entry], only: str | None) -> list[Entry]:
-    """Entries whose name equals or starts with one of the comma-separated ``only`` names; without
-    ``only``, every entry but the opt-in ones."""
+    """For each of the comma-separated ``only`` names, the entry of that name, or, when no entry
+    has it, the entries whose names start with it (``finetune`` is one entry, ``pretrain`` all
+    four); without ``only``, every entry but the opt-in ones."""
     if not only:
         return [e for e in entries if not e.opt_in]
     wanted = [w.strip() for w in only.split(",") if w.strip()]
-    picked = [e for e in entries if any(e.name == w or e.name.startswith(w) for w in wanted)]
-    unknown = [w for w in wanted if not any(e.name == w or e.name.startswith(w) for e in entries)]
+    names = {e.name for e in entries}
+
+    def matches(entry: Entry, w: str) -> bool:
+        return entry.name == w if w in names else entry.name.startswith(w)
+
+    picked = [e for e in entries if any(matches(e, w) for w in wanted)]
+    unknown = [w for w in wanted if not any(matches(e, w) for e in entries)]
     if unknown or not picked:
         names = ", ".join(e.name for e in entries)
         raise SystemExit(f"error: --only {only}: no entry named {', '.join(unknown) or only} "
@@ -561,8 +567,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"],
                     help="Which entries to run (default: cuda when torch sees a GPU, else cpu).")
-    ap.add_argument("--only", help="Comma-separated entry names or prefixes (pretrain, finetune, "
-                                   "inference, bart, prepare, loader, pretrain-bert-base, ...).")
+    ap.add_argument("--only", help="Comma-separated entry names, or prefixes where no entry has "
+                                   "the name (pretrain, finetune, inference, bart, prepare, "
+                                   "loader, pretrain-bert-base, ...).")
     ap.add_argument("--quick", action="store_true", help="A smoke run: few rounds, small shapes.")
     ap.add_argument("--batch-phase1", type=int, default=64,
                     help="GPU BERT-large batch at seq 128 (default: 64, fits an 80 GB H100).")
