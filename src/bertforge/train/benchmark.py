@@ -102,7 +102,7 @@ def run(wrapped: nn.Module, model: nn.Module, optimizer, scheduler, precision, t
         "precision": precision.name, "global_batch_size": cfg.train.global_batch_size,
         "micro_batch_size": cfg.train.micro_batch_size,
         "accumulation": loop_cfg.accumulation,
-        "compiled": compiles(getattr(cfg.train, "compile", None), info.device),
+        "compiled": compiles(cfg.train.compile, info.device),
         "warmup_steps": warmup, "timed_steps": steps,
         "seconds": elapsed, "sequences_per_s": seqs / elapsed, "tokens_per_s": tokens / elapsed,
         "mean_tokens_per_sequence": tokens / max(seqs, 1),
