@@ -14,6 +14,7 @@ from torch import nn
 
 from bertforge.models.config import BertConfig
 from bertforge.ops.attention import Attend, attend
+from bertforge.ops.dropout import Dropout
 
 
 class BertSelfAttention(nn.Module):
@@ -55,7 +56,7 @@ class BertResidualOutput(nn.Module):
         self.pre_layernorm = config.pre_layernorm
         self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def normalize_input(self, hidden: torch.Tensor) -> torch.Tensor:
         """Branch input: normalised for pre-LN, unchanged for post-LN."""

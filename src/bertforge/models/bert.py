@@ -19,6 +19,7 @@ from bertforge.models.attention import BertAttention, BertResidualOutput
 from bertforge.models.config import BertConfig
 from bertforge.models.hub import PreTrainedModel
 from bertforge.ops.attention import Attend
+from bertforge.ops.dropout import Dropout
 from bertforge.ops.unpad import Layout, RowLayout, TokenLayout, batch_layout
 
 
@@ -147,7 +148,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         # Not saved (persistent=False) so the state dict matches transformers' current layout.
         self.register_buffer(
             "position_ids", torch.arange(config.max_position_embeddings).unsqueeze(0), persistent=False

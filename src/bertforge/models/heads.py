@@ -14,6 +14,7 @@ from torch import nn
 
 from bertforge.models.bert import BertModel, BertPreTrainedModel, activation
 from bertforge.models.config import BertConfig
+from bertforge.ops.dropout import Dropout
 from bertforge.ops.unpad import TokenLayout
 
 
@@ -184,7 +185,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         super().__init__()
         self.config = config = _with_labels(config, num_labels)
         self.bert = BertModel(config)
-        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.dropout = Dropout(_classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights(skip_prefix="bert")
 
@@ -205,7 +206,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         super().__init__()
         self.config = config
         self.bert = BertModel(config)
-        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.dropout = Dropout(_classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights(skip_prefix="bert")
 
@@ -229,7 +230,7 @@ class BertForTokenClassification(BertPreTrainedModel):
         super().__init__()
         self.config = config = _with_labels(config, num_labels)
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.dropout = Dropout(_classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights(skip_prefix="bert")
 

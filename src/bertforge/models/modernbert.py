@@ -29,6 +29,7 @@ from bertforge.models.bert import BertModelOutput
 from bertforge.models.hub import PreTrainedModel
 from bertforge.models.modernbert_config import GLOBAL, ModernBertConfig
 from bertforge.ops.attention import Attend, attend
+from bertforge.ops.dropout import Dropout
 from bertforge.ops.rotary import apply_rotary, rotary_tables
 from bertforge.ops.unpad import Layout, RowLayout, TokenLayout, batch_layout
 from bertforge.ops.window import WindowPlan, band_keep_mask, window_attend
@@ -111,7 +112,7 @@ class ModernBertEmbeddings(nn.Module):
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
                                            padding_idx=config.pad_token_id)
         self.norm = layer_norm(config)
-        self.drop = nn.Dropout(config.embedding_dropout)
+        self.drop = Dropout(config.embedding_dropout)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, S) or unpadded (T,) ids -> (..., H)."""
@@ -131,7 +132,7 @@ class ModernBertAttention(nn.Module):
         self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size,
                               bias=config.attention_bias)
         self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
-        self.out_drop = nn.Dropout(config.attention_dropout)
+        self.out_drop = Dropout(config.attention_dropout)
         self.varlen_backend = "auto"
         """Kernel for unpadded tokens (``bertforge.ops.attention.BACKENDS``); set from outside."""
 
@@ -157,7 +158,7 @@ class ModernBertMLP(nn.Module):
         super().__init__()
         self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.act = activation(config.hidden_activation)
-        self.drop = nn.Dropout(config.mlp_dropout)
+        self.drop = Dropout(config.mlp_dropout)
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from bertforge.models.modernbert import (
     layer_norm,
 )
 from bertforge.models.modernbert_config import ModernBertConfig
+from bertforge.ops.dropout import Dropout
 from bertforge.ops.unpad import RowLayout, TokenLayout, token_layout
 
 
@@ -107,7 +108,7 @@ class _Classifier(ModernBertPreTrainedModel):
         self.config = config
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
-        self.drop = nn.Dropout(config.classifier_dropout)
+        self.drop = Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, outputs)
         self.init_weights(skip_prefix="model")
 

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from bertforge.core.limits import ATTENTION_BACKENDS as BACKENDS
 from bertforge.core.limits import FUSED_ATTENTION_BACKENDS as FUSED  # one fused_varlen call
+from bertforge.ops.dropout import dropout
 from bertforge.ops.unpad import TokenLayout
 
 Attend = torch.Tensor | TokenLayout | None
@@ -70,16 +71,44 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     is cast back: PyTorch's CPU attention kernels are slower in half precision than in fp32
     (forward and backward 2.3x slower in bf16 at BERT-mini's shapes, on a CPU whose bf16 matrix
     units make the linear layers 7x faster; docs/performance.md), while the matrix products
-    around them keep their half precision."""
-    if q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16):
+    around them keep their half precision. With dropout on a CPU (training), where PyTorch has
+    no fused kernel and takes its math path, :func:`_cpu_dropout_attention` does that math
+    with the cheap dropout mask."""
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=is_causal)
+    dtype = q.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        q, k, v = q.float(), k.float(), v.float()
         if mask is not None and mask.is_floating_point():
             mask = mask.float()
-        with torch.autocast("cpu", enabled=False):  # autocast would cast SDPA's inputs back
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                                 dropout_p=dropout_p, is_causal=is_causal)
-        return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                          is_causal=is_causal)
+    with torch.autocast("cpu", enabled=False):  # autocast would cast SDPA's inputs back
+        if dropout_p > 0.0 and not torch.compiler.is_compiling():
+            out = _cpu_dropout_attention(q, k, v, mask, dropout_p, is_causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                 is_causal=is_causal)
+    return out.to(dtype)
+
+
+def _cpu_dropout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           mask: torch.Tensor | None, dropout_p: float,
+                           is_causal: bool) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + bias) with dropout, times v: what SDPA's CPU math path computes
+    in training, without its per-call checks for fully masked rows (it zeroes them; here a
+    masked key gets the dtype's lowest value added, so a row with no visible key, which the
+    callers never attend from usefully, averages its values instead of returning NaN) and with
+    :func:`bertforge.ops.dropout.dropout`'s mask, about 4x cheaper to draw than ``bernoulli_``."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
+    lowest = torch.finfo(scores.dtype).min
+    if mask is not None:
+        bias = mask if mask.is_floating_point() else torch.zeros(
+            mask.shape, dtype=scores.dtype).masked_fill_(~mask, lowest)
+        scores = scores.add_(bias)
+    if is_causal:  # SDPA's convention: query i sees keys 0..i
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool).triu_(1)
+        scores = scores.masked_fill_(causal, lowest)
+    return torch.matmul(dropout(scores.softmax(-1), dropout_p), v)
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,58 +218,68 @@ def _jagged_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Toke
 
 BUCKET = 32
 """Width granularity of the padded backend: sequences padded to the next multiple of 32 tokens,
-each width its own SDPA call."""
+each width its own attention call."""
 
 
 @dataclass
 class _Bucket:
     rows: int             # sequences in the bucket
     width: int            # their padded length
-    tokens: torch.Tensor  # (n,) indices into the T tokens
-    slots: torch.Tensor   # (n,) positions in the (rows * width) buffer
-    keep: torch.Tensor | None  # (rows, 1, 1, width) key mask; None when every row is full
+    slots: torch.Tensor   # (rows * width,) the token each padded slot reads
+    keep: torch.Tensor | None  # (1, rows, 1, width) key mask; None when every row is full
 
 
-def _buckets(layout: TokenLayout, device: torch.device) -> list[_Bucket]:
+@dataclass
+class _Plan:
+    buckets: list[_Bucket]
+    gather: torch.Tensor  # (T,) each token's slot in the buckets' slots, concatenated
+
+
+def _plan(layout: TokenLayout, device: torch.device) -> _Plan:
     """Sequences grouped by length rounded up to ``BUCKET`` (host arithmetic on the lengths: free
-    when the layout came from the loader on the CPU, one sync for a layout on a GPU)."""
+    when the layout came from the loader on the CPU, one sync for a layout on a GPU). A padding
+    slot reads its sequence's first token: its key is masked and its query's output unused, so
+    it adds exact zeros to every gradient, and no buffer needs zero-filling."""
     cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
     lengths = np.diff(cu)
     widths = -(-lengths // BUCKET) * BUCKET
-    out = []
+    buckets, gather, offset = [], np.empty(int(cu[-1]), dtype=np.int64), 0
     for width in np.unique(widths).tolist():  # a loop over a handful of widths
         members = np.flatnonzero(widths == width)
         lens = lengths[members]
-        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        tokens = np.repeat(cu[members], lens) + within
-        slots = np.repeat(np.arange(len(members)) * width, lens) + within
-        keep = None
-        if (lens != width).any():
-            mask = np.arange(width)[None, :] < lens[:, None]
-            keep = torch.from_numpy(mask).to(device)[:, None, None, :]
-        out.append(_Bucket(len(members), width, torch.from_numpy(tokens).to(device),
-                           torch.from_numpy(slots).to(device), keep))
-    return out
+        column = np.arange(width)
+        real = column[None, :] < lens[:, None]                             # (rows, width)
+        slots = cu[members][:, None] + np.where(real, column[None, :], 0)  # padding: the first
+        for row, sequence in enumerate(members.tolist()):
+            gather[cu[sequence]:cu[sequence + 1]] = offset + row * width + column[:lens[row]]
+        keep = None if real.all() else torch.from_numpy(real).to(device)[None, :, None, :]
+        buckets.append(_Bucket(len(members), width, torch.from_numpy(slots.reshape(-1)).to(device),
+                               keep))
+        offset += len(members) * width
+    return _Plan(buckets, torch.from_numpy(gather).to(device))
 
 
 def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
                         dropout_p: float) -> torch.Tensor:
     """The ``padded`` backend: one padded row per *sequence* (so packed rows stay
     block-diagonal), sequences of similar length batched together so that a short sequence is
-    not padded to the batch's longest."""
+    not padded to the batch's longest. Heads lead the padded buffers, (heads, rows, width,
+    head_dim): every head and row is then one contiguous matrix for the matrix products, and a
+    gather of the tokens makes each buffer in one pass."""
     if layout.buckets is None:
-        layout.buckets = _buckets(layout, q.device)
-    out = torch.zeros_like(q)
-    for b in layout.buckets:
-        def spread(x: torch.Tensor) -> torch.Tensor:  # (T, h, d) -> (rows, h, width, d)
-            buf = x.new_zeros((b.rows * b.width, *x.shape[1:]))
-            buf = buf.index_copy(0, b.slots, x.index_select(0, b.tokens))
-            return buf.view(b.rows, b.width, *x.shape[1:]).transpose(1, 2)
+        layout.buckets = _plan(layout, q.device)
+    plan: _Plan = layout.buckets
+    heads, head_dim = q.shape[1:]
+    q, k, v = (x.transpose(0, 1).contiguous() for x in (q, k, v))  # (h, T, d), once per layer
+    parts = []
+    for b in plan.buckets:
+        def spread(x: torch.Tensor) -> torch.Tensor:  # (h, T, d) -> (h, rows, width, d)
+            return x.index_select(1, b.slots).view(heads, b.rows, b.width, head_dim)
 
         context = sdpa(spread(q), spread(k), spread(v), b.keep, dropout_p)
-        flat = context.transpose(1, 2).reshape(b.rows * b.width, *q.shape[1:])
-        out = out.index_copy(0, b.tokens, flat.index_select(0, b.slots))
-    return out
+        parts.append(context.reshape(heads, b.rows * b.width, head_dim))
+    flat = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return flat.index_select(1, plan.gather).transpose(0, 1)
 
 
 __all__ = ["Attend", "BACKENDS", "BUCKET", "FUSED", "attend", "fused_varlen", "nested_heads",

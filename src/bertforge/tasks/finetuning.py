@@ -112,16 +112,20 @@ def predict(model: nn.Module, features: SequenceFeatures, batch_size: int, info:
     was_training = model.training
     model.eval()
     share = np.array_split(np.arange(len(features)), info.world_size)[info.rank]
+    # Longest first, so that each batch holds features of similar lengths (little padding, one
+    # width of attention) and the largest batch comes first; outputs return to feature order.
+    order = np.argsort(-features.lengths[share], kind="stable")
     parts: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(share), batch_size):
         # Not pinned: reading each batch's outputs back waits for the GPU, so an asynchronous
         # copy would overlap nothing and pinning would only add a host copy.
-        batch = to_device(features.collate(share[start:start + batch_size]), info.device)
+        batch = to_device(features.collate(share[order[start:start + batch_size]]), info.device)
         with autocast():
             out = model(**{k: batch[k] for k in inputs})
         for key, value in outputs(out, batch).items():
             parts.setdefault(key, []).append(value.float().cpu().numpy())
-    mine = {k: np.concatenate(v) for k, v in parts.items()}
+    inverse = np.argsort(order)
+    mine = {k: np.concatenate(v)[inverse] for k, v in parts.items()}
     model.train(was_training)
     return gather_outputs(mine, info)
 
