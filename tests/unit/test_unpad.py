@@ -184,15 +184,20 @@ def test_varlen_backends_equal_attention_per_sequence() -> None:
     for i, n in enumerate(lengths):
         mask[i, :n] = 1
     layout = token_layout(mask)
-    q, k, v = (torch.randn(sum(lengths), 2, 8) for _ in range(3))
+    q, k, v = (torch.randn(sum(lengths), 2, 8, requires_grad=True) for _ in range(3))
     want = []
     for a, b in zip(layout.cu_seqlens[:-1].tolist(), layout.cu_seqlens[1:].tolist()):
         heads = [x[a:b].transpose(0, 1)[None] for x in (q, k, v)]
         want.append(torch.nn.functional.scaled_dot_product_attention(*heads)[0].transpose(0, 1))
     want = torch.cat(want)
+    weights = torch.randn_like(want)  # a loss that weighs every output differently
+    want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
     for backend in CPU_BACKENDS:
-        torch.testing.assert_close(varlen_attention(q, k, v, layout, backend=backend), want,
-                                   **TOL)
+        got = varlen_attention(q, k, v, layout, backend=backend)
+        torch.testing.assert_close(got, want, **TOL)
+        grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
+        for g, w in zip(grads, want_grads):  # padding slots read real tokens: exact zeros back
+            torch.testing.assert_close(g, w, **TOL)
     with pytest.raises(ValueError, match="flash backend needs"):
         varlen_attention(q, k, v, layout, backend="flash")
     with pytest.raises(ValueError, match="torch-flash backend needs a CUDA GPU"):

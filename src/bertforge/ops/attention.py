@@ -250,8 +250,8 @@ def _plan(layout: TokenLayout, device: torch.device) -> _Plan:
         column = np.arange(width)
         real = column[None, :] < lens[:, None]                             # (rows, width)
         slots = cu[members][:, None] + np.where(real, column[None, :], 0)  # padding: the first
-        for row, sequence in enumerate(members.tolist()):
-            gather[cu[sequence]:cu[sequence + 1]] = offset + row * width + column[:lens[row]]
+        rows, columns = np.nonzero(real)                                   # the real slots
+        gather[cu[members][rows] + columns] = offset + rows * width + columns
         keep = None if real.all() else torch.from_numpy(real).to(device)[None, :, None, :]
         buckets.append(_Bucket(len(members), width, torch.from_numpy(slots.reshape(-1)).to(device),
                                keep))
