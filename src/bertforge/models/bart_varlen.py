@@ -16,10 +16,8 @@ pick the kernel by backend (``bertforge.ops.attention.BACKENDS``, resolved as fo
 * ``nested``: SDPA on jagged nested tensors for cross-attention (PyTorch's fused varlen kernels
   on CUDA). Nested tensors refuse ``is_causal``, so self-attention takes the padded kernel;
 * ``padded``: the sequences (pairs) of similar lengths gathered into padded rows, one SDPA call
-  per group of widths (lengths rounded up to ``BUCKET``), gathered back. The fastest on CPU.
-  A padding slot repeats a token of its own sequence instead of holding zeros, so one gather
-  fills the rows: padding keys are masked (cross) or after every real query (causal), and
-  padding queries are never read back, so neither changes a result or a gradient.
+  per group of widths (lengths rounded up to ``BUCKET``), gathered back
+  (``bertforge.ops.slots``, as the encoder's ``padded`` backend). The fastest on CPU.
 
 The decoder's tokens (:func:`target_layout`) are the first ``length`` columns of each row: through
 its last scored position when the loss names them, else every column. Causal attention makes the
@@ -36,6 +34,7 @@ import torch.nn.functional as F
 
 from bertforge.ops.attention import (BUCKET, FUSED, fused_varlen, nested_heads, resolve_backend,
                                      sdpa)
+from bertforge.ops.slots import Gathering, SlotBuilder, gather, scatter
 from bertforge.ops.unpad import TokenLayout, token_layout
 
 
@@ -51,19 +50,10 @@ class _Group:
 
 
 @dataclass
-class _Gathering:
-    """Tokens (T, ...) -> slots (every group's padded rows, end to end) and back."""
-
-    index: torch.Tensor    # (slots,) the token of every slot (padding repeats a row's last)
-    inverse: torch.Tensor  # (T,) the slot of every token
-    real: torch.Tensor     # (slots, 1, 1) 1.0 at the slots of tokens, 0.0 at padding
-
-
-@dataclass
 class _Plan:
     groups: list[_Group]
-    queries: _Gathering | None  # None: the identity (one group, every target row full)
-    keys: _Gathering | None     # None: the identity; self-attention: ``queries``
+    queries: Gathering | None  # None: the identity (one group, every target row full)
+    keys: Gathering | None     # None: the identity; self-attention: ``queries``
 
 
 @dataclass
@@ -93,42 +83,14 @@ def _round_up(lengths: np.ndarray) -> np.ndarray:
     return -(-lengths // BUCKET) * BUCKET
 
 
-class _Slots:
-    """Host-side builder of a :class:`_Gathering`: sequences appended group by group."""
-
-    def __init__(self, cu: np.ndarray) -> None:
-        self.cu, self.index, self.inverse, self.real = cu, [], np.empty(int(cu[-1]), np.int64), []
-        self.size = 0
-
-    def add(self, members: np.ndarray, width: int) -> None:
-        """Rows of ``width`` slots for sequences ``members``, after the slots so far."""
-        starts, lengths = self.cu[members], self.cu[members + 1] - self.cu[members]
-        columns = np.arange(width)[None, :]
-        real = columns < lengths[:, None]
-        slots = self.size + np.arange(len(members))[:, None] * width + columns
-        tokens = starts[:, None] + np.minimum(columns, lengths[:, None] - 1)
-        self.inverse[tokens[real]] = slots[real]
-        self.index.append(tokens.reshape(-1))
-        self.real.append(real.reshape(-1))
-        self.size += len(members) * width
-
-    def build(self, device: torch.device) -> _Gathering | None:
-        index = np.concatenate(self.index)
-        if len(index) == len(self.inverse) and (index == np.arange(len(index))).all():
-            return None
-        real = torch.as_tensor(np.concatenate(self.real), dtype=torch.float32, device=device)
-        return _Gathering(torch.as_tensor(index, device=device),
-                          torch.as_tensor(self.inverse, device=device), real[:, None, None])
-
-
 def _plan(q_cu: torch.Tensor, k_cu: torch.Tensor | None, device: torch.device) -> _Plan:
     """Group the pairs by their targets' rounded length (keys: each group's longest source,
     rounded up to 8); ``k_cu`` None: self-attention. Host arithmetic on the lengths (one device
     read for a GPU layout)."""
     q_cu_np = q_cu.cpu().numpy().astype(np.int64)
     q_w = _round_up(np.diff(q_cu_np))
-    queries = _Slots(q_cu_np)
-    keys = None if k_cu is None else _Slots(k_cu.cpu().numpy().astype(np.int64))
+    queries = SlotBuilder(q_cu_np)
+    keys = None if k_cu is None else SlotBuilder(k_cu.cpu().numpy().astype(np.int64))
     groups = []
     for width in np.unique(q_w).tolist():  # a loop over a handful of widths
         members = np.flatnonzero(q_w == width)
@@ -144,37 +106,6 @@ def _plan(q_cu: torch.Tensor, k_cu: torch.Tensor | None, device: torch.device) -
         groups.append(group)
     q_gathering = queries.build(device)
     return _Plan(groups, q_gathering, q_gathering if keys is None else keys.build(device))
-
-
-class _Gather(torch.autograd.Function):
-    """Tokens (T, ...) -> slots: ``x.index_select(0, index)`` whose backward is a gather too:
-    token i's gradient is read at its own slot ``inverse[i]``. Right because the slots repeating
-    a token (padding) get zero gradient in the padded kernel (module notes); it saves
-    index_select's backward, a scatter-add into a zero-filled buffer."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, gathering: _Gathering) -> torch.Tensor:
-        ctx.gathering = gathering
-        return x.index_select(0, gathering.index)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad.index_select(0, ctx.gathering.inverse), None
-
-
-class _Scatter(torch.autograd.Function):
-    """Slots -> tokens (T, ...): ``y.index_select(0, inverse)``, whose backward reads each slot's
-    token gradient and zeroes the padding slots (one pass, no zero-filled buffer)."""
-
-    @staticmethod
-    def forward(ctx, y: torch.Tensor, gathering: _Gathering) -> torch.Tensor:
-        ctx.gathering = gathering
-        return y.index_select(0, gathering.inverse)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        g = ctx.gathering
-        return grad.index_select(0, g.index).mul_(g.real), None
 
 
 @torch.compiler.disable  # data-dependent layouts: eager between compiled regions
@@ -223,11 +154,11 @@ def _grouped_attention(q: torch.Tensor, kv: torch.Tensor | None, where: Seq2SeqL
     heads, head_dim = q.shape[-2:]
     # (slots, ...) -> one (rows, width, ...) block per group; split, not slices: its backward
     # is one concatenation where slices would each zero-fill a buffer of every slot
-    q_slots = q if plan.queries is None else _Gather.apply(q, plan.queries)
+    q_slots = gather(q, plan.queries)
     queries = q_slots.split([g.rows * g.q_width for g in plan.groups])
     keys = queries
     if cross:
-        kv_slots = kv if plan.keys is None else _Gather.apply(kv, plan.keys)
+        kv_slots = gather(kv, plan.keys)
         keys = kv_slots.split([g.rows * g.k_width for g in plan.groups])
     outputs = []
     for g, query, key in zip(plan.groups, queries, keys):
@@ -241,7 +172,7 @@ def _grouped_attention(q: torch.Tensor, kv: torch.Tensor | None, where: Seq2SeqL
             is_causal=not cross)
         outputs.append(context.transpose(1, 2).reshape(g.rows * g.q_width, heads, head_dim))
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-    return out if plan.queries is None else _Scatter.apply(out, plan.queries)
+    return scatter(out, plan.queries)
 
 
 __all__ = ["Seq2SeqLayout", "causal_attention", "cross_attention", "target_layout"]

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from bertforge.core.limits import ATTENTION_BACKENDS as BACKENDS
 from bertforge.core.limits import FUSED_ATTENTION_BACKENDS as FUSED  # one fused_varlen call
 from bertforge.ops.dropout import dropout
+from bertforge.ops.slots import Gathering, SlotBuilder, gather, scatter
 from bertforge.ops.unpad import TokenLayout
 
 Attend = torch.Tensor | TokenLayout | None
@@ -225,61 +226,58 @@ each width its own attention call."""
 class _Bucket:
     rows: int             # sequences in the bucket
     width: int            # their padded length
-    slots: torch.Tensor   # (rows * width,) the token each padded slot reads
     keep: torch.Tensor | None  # (1, rows, 1, width) key mask; None when every row is full
 
 
 @dataclass
 class _Plan:
+    heads: int
     buckets: list[_Bucket]
-    gather: torch.Tensor  # (T,) each token's slot in the buckets' slots, concatenated
+    gathering: Gathering | None  # (heads * T) tokens -> the buckets' slots; None: the identity
 
 
-def _plan(layout: TokenLayout, device: torch.device) -> _Plan:
+def _plan(layout: TokenLayout, heads: int, device: torch.device) -> _Plan:
     """Sequences grouped by length rounded up to ``BUCKET`` (host arithmetic on the lengths: free
-    when the layout came from the loader on the CPU, one sync for a layout on a GPU). A padding
-    slot reads its sequence's first token: its key is masked and its query's output unused, so
-    it adds exact zeros to every gradient, and no buffer needs zero-filling."""
+    when the layout came from the loader on the CPU, one sync for a layout on a GPU). Every
+    head's copy of a sequence is a sequence of its own, so that each bucket's slots are one
+    contiguous (heads, rows, width) block."""
     cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
-    lengths = np.diff(cu)
-    widths = -(-lengths // BUCKET) * BUCKET
-    buckets, gather, offset = [], np.empty(int(cu[-1]), dtype=np.int64), 0
+    n, t = len(cu) - 1, int(cu[-1])
+    per_head = (cu[:-1][None, :] + t * np.arange(heads)[:, None]).reshape(-1)
+    widths = -(-np.diff(cu) // BUCKET) * BUCKET
+    slots, buckets = SlotBuilder(np.append(per_head, heads * t)), []
     for width in np.unique(widths).tolist():  # a loop over a handful of widths
         members = np.flatnonzero(widths == width)
-        lens = lengths[members]
-        column = np.arange(width)
-        real = column[None, :] < lens[:, None]                             # (rows, width)
-        slots = cu[members][:, None] + np.where(real, column[None, :], 0)  # padding: the first
-        rows, columns = np.nonzero(real)                                   # the real slots
-        gather[cu[members][rows] + columns] = offset + rows * width + columns
-        keep = None if real.all() else torch.from_numpy(real).to(device)[None, :, None, :]
-        buckets.append(_Bucket(len(members), width, torch.from_numpy(slots.reshape(-1)).to(device),
-                               keep))
-        offset += len(members) * width
-    return _Plan(buckets, torch.from_numpy(gather).to(device))
+        real = slots.add((members[None, :] + n * np.arange(heads)[:, None]).reshape(-1), width)
+        rows = real[:len(members)]                                 # (rows, width), head 0's
+        keep = None if rows.all() else torch.from_numpy(rows).to(device)[None, :, None, :]
+        buckets.append(_Bucket(len(members), width, keep))
+    return _Plan(heads, buckets, slots.build(device))
 
 
 def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
                         dropout_p: float) -> torch.Tensor:
     """The ``padded`` backend: one padded row per *sequence* (so packed rows stay
     block-diagonal), sequences of similar length batched together so that a short sequence is
-    not padded to the batch's longest. Heads lead the padded buffers, (heads, rows, width,
-    head_dim): every head and row is then one contiguous matrix for the matrix products, and a
-    gather of the tokens makes each buffer in one pass."""
-    if layout.buckets is None:
-        layout.buckets = _plan(layout, q.device)
+    not padded to the batch's longest. The rows come from one gather of the tokens
+    (``bertforge.ops.slots``: padding slots repeat a real token, whose key is masked) with the
+    heads first, (heads, rows, width, head_dim) per bucket: every head and row is then one
+    contiguous matrix for the matrix products."""
+    tokens, heads, head_dim = q.shape
+    if layout.buckets is None or layout.buckets.heads != heads:
+        layout.buckets = _plan(layout, heads, q.device)
     plan: _Plan = layout.buckets
-    heads, head_dim = q.shape[1:]
-    q, k, v = (x.transpose(0, 1).contiguous() for x in (q, k, v))  # (h, T, d), once per layer
+    # (T, h, d) -> (h * T, d) -> slots, one transposing copy per tensor and layer
+    q, k, v = (gather(x.transpose(0, 1).reshape(heads * tokens, head_dim), plan.gathering)
+               for x in (q, k, v))
+    sizes = [heads * b.rows * b.width for b in plan.buckets]
     parts = []
-    for b in plan.buckets:
-        def spread(x: torch.Tensor) -> torch.Tensor:  # (h, T, d) -> (h, rows, width, d)
-            return x.index_select(1, b.slots).view(heads, b.rows, b.width, head_dim)
-
-        context = sdpa(spread(q), spread(k), spread(v), b.keep, dropout_p)
-        parts.append(context.reshape(heads, b.rows * b.width, head_dim))
-    flat = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    return flat.index_select(1, plan.gather).transpose(0, 1)
+    for b, qb, kb, vb in zip(plan.buckets, q.split(sizes), k.split(sizes), v.split(sizes)):
+        rows = (heads, b.rows, b.width, head_dim)
+        context = sdpa(qb.view(rows), kb.view(rows), vb.view(rows), b.keep, dropout_p)
+        parts.append(context.reshape(-1, head_dim))
+    flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return scatter(flat, plan.gathering).view(heads, tokens, head_dim).transpose(0, 1)
 
 
 __all__ = ["Attend", "BACKENDS", "BUCKET", "FUSED", "attend", "fused_varlen", "nested_heads",

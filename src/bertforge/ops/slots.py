@@ -1,0 +1,98 @@
+"""Unpadded tokens to padded rows and back, for the attention kernels that need rows (the CPU's):
+:class:`SlotBuilder` plans the rows, :func:`gather` and :func:`scatter` move the tokens.
+
+A *slot* is one position of a padded row; the rows of every length group lie end to end. A
+padding slot repeats a token of its own sequence (its last) instead of holding zeros, so one
+gather fills the rows and no buffer is zero-filled. The kernels make that harmless: a padding
+key is masked (or, in causal attention, after every real query) and a padding query's output
+is never read back, so padding slots get exact zeros as gradients. Both gradients are then
+gathers too: a token's gradient is read at its own slot, and the padding slots' are zeroed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Gathering:
+    """Tokens -> slots and back, along one axis."""
+
+    index: torch.Tensor    # (slots,) the token of every slot (padding repeats a row's last)
+    inverse: torch.Tensor  # (T,) the slot of every token
+    real: torch.Tensor     # (slots,) 1.0 at the slots of tokens, 0.0 at padding
+
+
+class SlotBuilder:
+    """Host-side builder of a :class:`Gathering`: sequences (offsets ``cu``) added group by
+    group, each group ``rows`` padded rows of one width."""
+
+    def __init__(self, cu: np.ndarray) -> None:
+        self.cu, self.index, self.inverse, self.real = cu, [], np.empty(int(cu[-1]), np.int64), []
+        self.size = 0
+
+    def add(self, members: np.ndarray, width: int) -> np.ndarray:
+        """Rows of ``width`` slots for sequences ``members``, after the slots so far -> the
+        (rows, width) bool mask of their real slots."""
+        starts, lengths = self.cu[members], self.cu[members + 1] - self.cu[members]
+        columns = np.arange(width)[None, :]
+        real = columns < lengths[:, None]
+        slots = self.size + np.arange(len(members))[:, None] * width + columns
+        tokens = starts[:, None] + np.minimum(columns, lengths[:, None] - 1)
+        self.inverse[tokens[real]] = slots[real]
+        self.index.append(tokens.reshape(-1))
+        self.real.append(real.reshape(-1))
+        self.size += len(members) * width
+        return real
+
+    def build(self, device: torch.device) -> Gathering | None:
+        """The gathering, or None when it is the identity (no padding, tokens in order)."""
+        index = np.concatenate(self.index)
+        if len(index) == len(self.inverse) and (index == np.arange(len(index))).all():
+            return None
+        real = torch.as_tensor(np.concatenate(self.real), dtype=torch.float32, device=device)
+        return Gathering(torch.as_tensor(index, device=device),
+                         torch.as_tensor(self.inverse, device=device), real)
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, gathering: Gathering, dim: int):  # type: ignore[override]
+        ctx.gathering, ctx.dim = gathering, dim
+        return x.index_select(dim, gathering.index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad.index_select(ctx.dim, ctx.gathering.inverse), None, None
+
+
+class _Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, gathering: Gathering, dim: int):  # type: ignore[override]
+        ctx.gathering, ctx.dim = gathering, dim
+        return y.index_select(dim, gathering.inverse)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        g, dim = ctx.gathering, ctx.dim
+        shape = [1] * grad.dim()
+        shape[dim] = -1
+        return grad.index_select(dim, g.index).mul_(g.real.view(shape)), None, None
+
+
+def gather(x: torch.Tensor, gathering: Gathering | None, dim: int = 0) -> torch.Tensor:
+    """Tokens along ``dim`` -> slots: ``x.index_select(dim, index)``, whose backward reads each
+    token's gradient at its own slot (no scatter-add into a zero-filled buffer)."""
+    return x if gathering is None else _Gather.apply(x, gathering, dim)
+
+
+def scatter(y: torch.Tensor, gathering: Gathering | None, dim: int = 0) -> torch.Tensor:
+    """Slots along ``dim`` -> tokens: ``y.index_select(dim, inverse)``, whose backward reads each
+    slot's token gradient and zeroes the padding slots (one pass)."""
+    return y if gathering is None else _Scatter.apply(y, gathering, dim)
+
+
+__all__ = ["Gathering", "SlotBuilder", "gather", "scatter"]
