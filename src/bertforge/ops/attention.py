@@ -217,6 +217,7 @@ def _jagged_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Toke
                                          nested_heads(v, layout), dropout_p=dropout_p)
     return out.transpose(1, 2).values()
 
+
 BUCKET = 32
 """Width granularity of the padded backend: sequences padded to the next multiple of 32 tokens,
 each width its own attention call."""
