@@ -184,10 +184,10 @@ def select(entries: list[Entry], only: str | None) -> list[Entry]:
     if not only:
         return [e for e in entries if not e.opt_in]
     wanted = [w.strip() for w in only.split(",") if w.strip()]
-    names = {e.name for e in entries}
+    exact = {e.name for e in entries}
 
     def matches(entry: Entry, w: str) -> bool:
-        return entry.name == w if w in names else entry.name.startswith(w)
+        return entry.name == w if w in exact else entry.name.startswith(w)
 
     picked = [e for e in entries if any(matches(e, w) for w in wanted)]
     unknown = [w for w in wanted if not any(matches(e, w) for e in entries)]

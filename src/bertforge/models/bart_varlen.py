@@ -16,7 +16,7 @@ pick the kernel by backend (``bertforge.ops.attention.BACKENDS``, resolved as fo
 * ``nested``: SDPA on jagged nested tensors for cross-attention (PyTorch's fused varlen kernels
   on CUDA). Nested tensors refuse ``is_causal``, so self-attention takes the padded kernel;
 * ``padded``: the sequences (pairs) of similar lengths gathered into padded rows, one SDPA call
-  per group of widths (lengths rounded up to ``BUCKET``), gathered back
+  per group of widths (lengths rounded up to ``bertforge.ops.slots.BUCKET``), gathered back
   (``bertforge.ops.slots``, as the encoder's ``padded`` backend). The fastest on CPU.
 
 The decoder's tokens (:func:`target_layout`) are the first ``length`` columns of each row: through
@@ -32,9 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge.ops.attention import (BUCKET, FUSED, fused_varlen, nested_heads, resolve_backend,
-                                     sdpa)
-from bertforge.ops.slots import Gathering, SlotBuilder, gather, scatter
+from bertforge.ops.attention import FUSED, fused_varlen, nested_heads, resolve_backend, sdpa
+from bertforge.ops.slots import Gathering, SlotBuilder, bucket_widths, gather, scatter
 from bertforge.ops.unpad import TokenLayout, token_layout
 
 
@@ -79,16 +78,12 @@ def target_layout(shape: tuple[int, int], target_positions: torch.Tensor | None,
     return token_layout(columns[None, :] < lengths[:, None])
 
 
-def _round_up(lengths: np.ndarray) -> np.ndarray:
-    return -(-lengths // BUCKET) * BUCKET
-
-
 def _plan(q_cu: torch.Tensor, k_cu: torch.Tensor | None, device: torch.device) -> _Plan:
     """Group the pairs by their targets' rounded length (keys: each group's longest source,
     rounded up to 8); ``k_cu`` None: self-attention. Host arithmetic on the lengths (one device
     read for a GPU layout)."""
     q_cu_np = q_cu.cpu().numpy().astype(np.int64)
-    q_w = _round_up(np.diff(q_cu_np))
+    q_w = bucket_widths(np.diff(q_cu_np))
     queries = SlotBuilder(q_cu_np)
     keys = None if k_cu is None else SlotBuilder(k_cu.cpu().numpy().astype(np.int64))
     groups = []

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from bertforge.core.limits import ATTENTION_BACKENDS as BACKENDS
 from bertforge.core.limits import FUSED_ATTENTION_BACKENDS as FUSED  # one fused_varlen call
 from bertforge.ops.dropout import dropout
-from bertforge.ops.slots import Gathering, SlotBuilder, gather, scatter
+from bertforge.ops.slots import BUCKET, Gathering, SlotBuilder, bucket_widths, gather, scatter
 from bertforge.ops.unpad import TokenLayout
 
 Attend = torch.Tensor | TokenLayout | None
@@ -218,11 +218,6 @@ def _jagged_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Toke
     return out.transpose(1, 2).values()
 
 
-BUCKET = 32
-"""Width granularity of the padded backend: sequences padded to the next multiple of 32 tokens,
-each width its own attention call."""
-
-
 @dataclass
 class _Bucket:
     rows: int             # sequences in the bucket
@@ -245,7 +240,7 @@ def _plan(layout: TokenLayout, heads: int, device: torch.device) -> _Plan:
     cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
     n, t = len(cu) - 1, int(cu[-1])
     per_head = (cu[:-1][None, :] + t * np.arange(heads)[:, None]).reshape(-1)
-    widths = -(-np.diff(cu) // BUCKET) * BUCKET
+    widths = bucket_widths(np.diff(cu))
     slots, buckets = SlotBuilder(np.append(per_head, heads * t)), []
     for width in np.unique(widths).tolist():  # a loop over a handful of widths
         members = np.flatnonzero(widths == width)

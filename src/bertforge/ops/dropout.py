@@ -20,6 +20,8 @@ outside training this is ``F.dropout``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,9 +40,7 @@ def _quantised(p: float) -> tuple[int, float]:
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> torch.Tensor:
     """A bool CPU tensor of ``shape``: True (keep) with probability ``1 - p`` rounded to 1/65536,
     from torch's default generator."""
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty(-(-n // 4), dtype=torch.int64).random_(*_INT64)
     threshold, _ = _quantised(p)
     return (words.view(torch.int16)[:n] >= threshold).view(shape)

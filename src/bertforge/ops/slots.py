@@ -17,6 +17,16 @@ import numpy as np
 import torch
 
 
+BUCKET = 32
+"""Width granularity of the padded rows: sequences padded to the next multiple of 32 tokens, each
+width one group (one attention call)."""
+
+
+def bucket_widths(lengths: np.ndarray) -> np.ndarray:
+    """Each sequence's padded width: its length rounded up to ``BUCKET``."""
+    return -(-lengths // BUCKET) * BUCKET
+
+
 @dataclass
 class Gathering:
     """Tokens -> slots and back, along one axis."""
@@ -58,41 +68,41 @@ class SlotBuilder:
                          torch.as_tensor(self.inverse, device=device), real)
 
 
-class _Gather(torch.autograd.Function):
+class _Select(torch.autograd.Function):
+    """``x.index_select(dim, there)`` whose backward is a selection too: the gradient read
+    through ``back``, times ``weight`` along ``dim`` when given (gather: back = inverse; scatter:
+    back = index, weight = real, zeroing the padding slots)."""
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, gathering: Gathering, dim: int):  # type: ignore[override]
-        ctx.gathering, ctx.dim = gathering, dim
-        return x.index_select(dim, gathering.index)
+    def forward(ctx, x: torch.Tensor, there: torch.Tensor,  # type: ignore[override]
+                back: torch.Tensor, weight: torch.Tensor | None, dim: int):
+        ctx.back, ctx.weight, ctx.dim = back, weight, dim
+        return x.index_select(dim, there)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return grad.index_select(ctx.dim, ctx.gathering.inverse), None, None
-
-
-class _Scatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y: torch.Tensor, gathering: Gathering, dim: int):  # type: ignore[override]
-        ctx.gathering, ctx.dim = gathering, dim
-        return y.index_select(dim, gathering.inverse)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        g, dim = ctx.gathering, ctx.dim
-        shape = [1] * grad.dim()
-        shape[dim] = -1
-        return grad.index_select(dim, g.index).mul_(g.real.view(shape)), None, None
+        out = grad.index_select(ctx.dim, ctx.back)
+        if ctx.weight is not None:
+            shape = [1] * out.dim()
+            shape[ctx.dim] = -1
+            out.mul_(ctx.weight.view(shape))
+        return out, None, None, None, None
 
 
 def gather(x: torch.Tensor, gathering: Gathering | None, dim: int = 0) -> torch.Tensor:
     """Tokens along ``dim`` -> slots: ``x.index_select(dim, index)``, whose backward reads each
     token's gradient at its own slot (no scatter-add into a zero-filled buffer)."""
-    return x if gathering is None else _Gather.apply(x, gathering, dim)
+    if gathering is None:
+        return x
+    return _Select.apply(x, gathering.index, gathering.inverse, None, dim)
 
 
 def scatter(y: torch.Tensor, gathering: Gathering | None, dim: int = 0) -> torch.Tensor:
     """Slots along ``dim`` -> tokens: ``y.index_select(dim, inverse)``, whose backward reads each
     slot's token gradient and zeroes the padding slots (one pass)."""
-    return y if gathering is None else _Scatter.apply(y, gathering, dim)
+    if gathering is None:
+        return y
+    return _Select.apply(y, gathering.inverse, gathering.index, gathering.real, dim)
 
 
-__all__ = ["Gathering", "SlotBuilder", "gather", "scatter"]
+__all__ = ["BUCKET", "Gathering", "SlotBuilder", "bucket_widths", "gather", "scatter"]

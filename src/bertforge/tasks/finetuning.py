@@ -112,8 +112,8 @@ def predict(model: nn.Module, features: SequenceFeatures, batch_size: int, info:
     was_training = model.training
     model.eval()
     share = np.array_split(np.arange(len(features)), info.world_size)[info.rank]
-    # Longest first, so that each batch holds features of similar lengths (little padding, one
-    # width of attention) and the largest batch comes first; outputs return to feature order.
+    # Longest first, so that each batch holds features of similar lengths (little padding, few
+    # attention groups) and the largest batch comes first; outputs return to feature order.
     order = np.argsort(-features.lengths[share], kind="stable")
     parts: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(share), batch_size):
