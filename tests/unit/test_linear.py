@@ -40,6 +40,7 @@ def test_the_fused_operator_runs_only_without_autograd_and_autocast() -> None:
     layer, x = Linear(16, 24), torch.randn(5, 16)
     with torch.no_grad():
         assert "mkldnn::_linear_pointwise" in ops_run(lambda: layer(x, "gelu"))
+        assert "mkldnn::_linear_pointwise" not in ops_run(lambda: layer(x))  # no gain there
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert layer(x).dtype == torch.bfloat16  # autocast's linear, not the fused one
     names = ops_run(lambda: layer(x, "gelu").sum().backward())
