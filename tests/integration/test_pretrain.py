@@ -108,14 +108,19 @@ def test_fp16_run_logs_the_loss_scale(tmp_path: Path, tiny_config, run_metrics) 
 
 
 def sequence_flops(layers: int, hidden: int, inter: int, vocab: int, s: int, p: int) -> float:
-    """Training FLOPs of one sequence counted matmul by matmul (2 m k n each), x3 for backward."""
+    """Training FLOPs of one sequence counted matmul by matmul (2 m k n each), x3 for backward.
+    The last layer computes its queries and everything after them at the q = p + 1 tokens the
+    heads read (the p masked positions and the first token)."""
     h = hidden
-    per_layer = (2 * s * h * 3 * h        # Q, K, V projections
-                 + 2 * s * s * h * 2      # scores Q K^T and the weighted sum P V
-                 + 2 * s * h * h          # attention output projection
-                 + 2 * s * h * inter * 2)  # feed-forward up and down
+
+    def layer(q: int) -> int:
+        return (2 * s * h * 2 * h         # K, V projections
+                + 2 * q * h * h           # Q projection
+                + 2 * q * s * h * 2       # scores Q K^T and the weighted sum P V
+                + 2 * q * h * h           # attention output projection
+                + 2 * q * h * inter * 2)  # feed-forward up and down
     heads = 2 * p * h * h + 2 * p * h * vocab + 2 * h * h + 2 * h * 2  # MLM, pooler, NSP
-    return 3.0 * (layers * per_layer + heads)
+    return 3.0 * ((layers - 1) * layer(s) + layer(p + 1) + heads)
 
 
 def test_benchmark_mode(tmp_path: Path, tiny, tiny_config) -> None:
