@@ -15,7 +15,6 @@ from torch import nn
 from bertforge.models.config import BertConfig
 from bertforge.ops.attention import Attend, attend, attend_at, queries_at_rows
 from bertforge.ops.dropout import Dropout
-from bertforge.ops.linear import Linear
 
 
 class BertSelfAttention(nn.Module):
@@ -26,9 +25,9 @@ class BertSelfAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.dropout_p = config.attention_probs_dropout_prob
-        self.query = Linear(config.hidden_size, config.hidden_size)
-        self.key = Linear(config.hidden_size, config.hidden_size)
-        self.value = Linear(config.hidden_size, config.hidden_size)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.varlen_backend = "auto"
         """Kernel for unpadded tokens (``bertforge.ops.attention.BACKENDS``); set from outside
         (``bertforge.train.parallelize``)."""
@@ -65,7 +64,7 @@ class BertResidualOutput(nn.Module):
     def __init__(self, in_features: int, config: BertConfig) -> None:
         super().__init__()
         self.pre_layernorm = config.pre_layernorm
-        self.dense = Linear(in_features, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 

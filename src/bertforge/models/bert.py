@@ -266,7 +266,7 @@ class BertPooler(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, first: torch.Tensor) -> torch.Tensor:
         """(N, H) hidden states of each sequence's first token -> (N, H)."""

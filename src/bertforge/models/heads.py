@@ -71,7 +71,7 @@ class BertLMPredictionHead(nn.Module):
         super().__init__()
         self.vocab_size = config.vocab_size
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = Linear(config.hidden_size, config.padded_vocab_size)
+        self.decoder = nn.Linear(config.hidden_size, config.padded_vocab_size)
         self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
         self.decoder.bias = self.bias
 

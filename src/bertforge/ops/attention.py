@@ -30,6 +30,8 @@ A caller projects its states to queries, keys and values, splits the heads off t
     docs/performance.md).
 
 The result has the shape of ``q``; ``out.flatten(-2)`` merges the heads again.
+:func:`attend_at` attends the queries of some tokens only (an encoder's last layer, where the
+heads read a few states), over their whole sequences' keys.
 """
 
 from __future__ import annotations
