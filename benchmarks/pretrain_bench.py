@@ -326,33 +326,41 @@ class Variant:
 
 def executed_flops(cfg: Any, batch: dict, kind: str, vocab: int) -> float:
     """Model training FLOPs of one batch as executed. ``padded``: every position of every row runs
-    the encoder (packed rows too: (R, S) with S x S attention), the MLM head at the masked
-    positions; ``dense``: the same with the MLM head at every position; ``unpadded``: each
-    sequence at its real length."""
+    the encoder (packed rows too: (R, S) with S x S attention) but the last layer's output
+    projection and feed-forward block, which run at the heads' rows, the MLM head at the masked
+    positions; ``dense``: every position everywhere, the MLM head included; ``unpadded``: each
+    sequence at its real length, the last layer at the heads' rows (``only_at``)."""
     from bertforge.ops.unpad import layout_from_batch
     from bertforge.train.flops import batch_train_flops, bert_train_flops
 
     if kind == "unpadded":
         return batch_train_flops(cfg, batch["attention_mask"], batch["mlm_labels"].ne(IGNORE_INDEX),
-                                 True, layout_from_batch(batch))
+                                 True, layout_from_batch(batch), read="predicted")
     b, s = batch["input_ids"].shape
     preds = b * s if kind == "dense" else int(batch["mlm_labels"].ne(IGNORE_INDEX).sum())
-    return b * bert_train_flops(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
+    full = b * bert_train_flops(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
                                 intermediate=cfg.intermediate_size, vocab=vocab, seq_len=s,
                                 predictions=preds / b, nsp=True)
+    if kind == "dense":  # transformers and the dense variant run the last layer everywhere
+        return full
+    # Padded bertforge attends every query of its last layer, then runs the output projection
+    # and the feed-forward block only at the heads' rows (masked positions, first tokens).
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    sequences = b if "position_ids" not in batch else layout_from_batch(batch).num_sequences
+    return full - 3.0 * (b * s - preds - sequences) * (2 * h * h + 4 * h * inter)
 
 
 def model_flops(cfg: Any, padded: list[dict], seq: int, max_predictions: int) -> dict[str, float]:
     """FLOPs per sequence of the work itself, the same for every variant (for MFU):
-    ``real``: each sequence at its real length, the MLM head at its masked positions (what
-    ``bertforge pretrain --benchmark`` counts); ``full_length``: every sequence at the full
+    ``real``: each sequence at its real length, the MLM head at its masked positions and the
+    last layer where the heads read it (what ``bertforge pretrain --benchmark`` counts); ``full_length``: every sequence at the full
     length with ``max_predictions`` predictions (the convention behind NVIDIA's BERT MFU figures,
     e.g. 2250 seq/s of BERT-large at 128 tokens = 55% of an H100's bf16 peak)."""
     from bertforge.train.flops import batch_train_flops, bert_train_flops
 
     n = sum(int(b["input_ids"].shape[0]) for b in padded)
-    real = sum(batch_train_flops(cfg, b["attention_mask"], b["mlm_labels"].ne(IGNORE_INDEX), True)
-               for b in padded) / n
+    real = sum(batch_train_flops(cfg, b["attention_mask"], b["mlm_labels"].ne(IGNORE_INDEX), True,
+                                 read="predicted") for b in padded) / n
     full = bert_train_flops(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
                             intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
                             seq_len=seq, predictions=max_predictions, nsp=True)

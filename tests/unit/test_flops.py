@@ -117,3 +117,31 @@ def test_bert_configs_keep_the_bert_count() -> None:
                                 vocab=config.padded_vocab_size, seq_len=4, predictions=1,
                                 nsp=True)
     assert batch_train_flops(config, mask, mask.bool() & (torch.arange(5) == 2), True) == expected
+
+
+def test_last_layer_is_counted_where_the_heads_read_it() -> None:
+    """A hand count of a 2-layer model (H 8, I 16) on one 4-token sequence whose last layer
+    runs its queries and feed-forward block at the first token and one masked position."""
+    import torch
+
+    from bertforge.models.config import BertConfig
+    from bertforge.train.flops import batch_train_flops, bert_train_flops
+
+    h, i, s, v = 8, 16, 4, 64
+    full_layer = 8 * s * h * h + 4 * s * h * i + 4 * s * s * h
+    last = 4 * s * h * h + 2 * (4 * h * h + 4 * h * i + 4 * s * h)  # 2 query tokens
+    heads = 2 * h * h + 2 * h * v + 2 * h * h + 4 * h             # MLM at 1 position, NSP
+    got = bert_train_flops(layers=2, hidden=h, intermediate=i, vocab=v, seq_len=s,
+                           predictions=1, nsp=True, last_queries=2)
+    assert got == 3.0 * (full_layer + last + heads)
+    everything = bert_train_flops(layers=2, hidden=h, intermediate=i, vocab=v, seq_len=s,
+                                  predictions=1, nsp=True)
+    assert everything == bert_train_flops(layers=2, hidden=h, intermediate=i, vocab=v,
+                                          seq_len=s, predictions=1, nsp=True, last_queries=s)
+    config = BertConfig(vocab_size=v, hidden_size=h, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=i)
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    predicted = mask.bool() & (torch.arange(5) == 2)
+    assert batch_train_flops(config, mask, predicted, True, read="predicted") == got
+    classifier = batch_train_flops(config, mask, read="first")
+    assert classifier == 3.0 * (full_layer + 4 * s * h * h + 4 * h * h + 4 * h * i + 4 * s * h)

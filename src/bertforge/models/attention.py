@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from bertforge.models.config import BertConfig
-from bertforge.ops.attention import Attend, attend
+from bertforge.ops.attention import Attend, attend, attend_at, queries_at_rows
 from bertforge.ops.dropout import Dropout
 
 
@@ -32,14 +32,24 @@ class BertSelfAttention(nn.Module):
         """Kernel for unpadded tokens (``bertforge.ops.attention.BACKENDS``); set from outside
         (``bertforge.train.parallelize``)."""
 
-    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, where: Attend,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         """hidden (B, S, H) with a (B, 1, 1 or S, S) bool keep mask or None, or unpadded (T, H)
-        with its ``TokenLayout`` -> context, the shape of hidden."""
+        with its ``TokenLayout`` -> context, the shape of hidden; only the (K, H) context at
+        ``rows`` (ascending indices into the states flattened to (tokens, H)) when given."""
         dropout_p = self.dropout_p if self.training else 0.0
-        # (..., H) -> (..., heads, head_dim)
-        q, k, v = (proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))
-                   for proj in (self.query, self.key, self.value))
-        return attend(q, k, v, where, dropout_p, self.varlen_backend).flatten(-2)
+        k, v = self._heads(self.key, hidden), self._heads(self.value, hidden)
+        if rows is not None and queries_at_rows(where, self.varlen_backend, hidden.device,
+                                                hidden.dtype, self.head_dim):
+            q = self._heads(self.query, at_rows(hidden, rows))
+            return attend_at(q, k, v, where, rows, dropout_p, self.varlen_backend).flatten(-2)
+        q = self._heads(self.query, hidden)
+        context = attend(q, k, v, where, dropout_p, self.varlen_backend).flatten(-2)
+        return context if rows is None else at_rows(context, rows)
+
+    def _heads(self, proj: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., heads, head_dim)."""
+        return proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))
 
 
 class BertResidualOutput(nn.Module):
@@ -83,7 +93,14 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
-        """(B, S, H) -> (B, S, H), or unpadded (T, H) -> (T, H)."""
-        context = self.self(self.output.normalize_input(hidden), where)
-        return self.output(context, hidden)
+    def forward(self, hidden: torch.Tensor, where: Attend,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, S, H) -> (B, S, H), or unpadded (T, H) -> (T, H); (K, H) at ``rows`` when given
+        (``BertSelfAttention``)."""
+        context = self.self(self.output.normalize_input(hidden), where, rows)
+        return self.output(context, hidden if rows is None else at_rows(hidden, rows))
+
+
+def at_rows(hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(..., H) states flattened to (tokens, H), at ``rows`` -> (K, H)."""
+    return hidden.flatten(0, -2).index_select(0, rows)

@@ -7,10 +7,7 @@ Hugging Face BERT, so ``BertModel().state_dict()`` *is* a transformers ``BertMod
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -20,7 +17,12 @@ from bertforge.models.config import BertConfig
 from bertforge.models.hub import PreTrainedModel
 from bertforge.ops.attention import Attend
 from bertforge.ops.dropout import Dropout
+from bertforge.ops.linear import Linear
 from bertforge.ops.unpad import Layout, RowLayout, TokenLayout, batch_layout
+
+OnlyAt = str | torch.Tensor | None
+"""Where ``BertModel.forward`` computes final states: None (every token), ``"first"`` (each
+sequence's first token) or a head's positions, a (B, S) bool mask or ascending flat positions."""
 
 
 class BertPreTrainedModel(PreTrainedModel):
@@ -38,6 +40,10 @@ class BertPreTrainedModel(PreTrainedModel):
     vocab_row_suffixes = ("embeddings.word_embeddings.weight", "cls.predictions.bias")
     # A fill-mask or QA model never uses the pooler, and transformers omits it from such files.
     optional_prefixes = ("bert.pooler.", "pooler.")
+    last_layer_at: str | None = None
+    """Where the heads read the final states, so where the encoder's last layer runs
+    (``BertModel.forward``'s ``only_at``; ``bertforge.train.flops.read_tokens``): None (every
+    token), "first" or "predicted" (the masked positions given to ``forward``)."""
 
     # ------------------------------------------------------------------ initialisation
     def init_weights(self, skip_prefix: str | None = None) -> None:
@@ -79,28 +85,24 @@ class BertPreTrainedModel(PreTrainedModel):
         return []
 
 
-def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The activation called ``name`` in a BERT config (validated by ``BertConfig``)."""
-    if name == "gelu":
-        return F.gelu  # exact erf form, as in Google's and NVIDIA's BERT
-    if name == "gelu_new":
-        return lambda x: F.gelu(x, approximate="tanh")
-    return F.relu
-
-
 class BertModelOutput:
     """Encoder outputs. The final states stay in the layout the pass ran in (``states``:
     (B, S, H) padded rows, or the (T, H) real tokens of an unpadded pass, ``layout``) and are
-    padded into ``last_hidden_state`` only if a caller asks for it."""
+    padded into ``last_hidden_state`` only if a caller asks for it. A pass run with ``only_at``
+    (``BertModel.forward``) has its final states at those positions only (``at``)."""
 
     def __init__(self, last_hidden_state: torch.Tensor | None = None,
                  pooler_output: torch.Tensor | None = None, *,
-                 states: torch.Tensor | None = None, layout: Layout | None = None) -> None:
-        if (last_hidden_state is None) == (states is None) or (states is None) != (layout is None):
-            raise ValueError("BertModelOutput needs last_hidden_state, or states with their layout")
+                 states: torch.Tensor | None = None, layout: Layout | None = None,
+                 at: torch.Tensor | None = None, only_at: OnlyAt = None) -> None:
+        given = sum(x is not None for x in (last_hidden_state, states, at))
+        if given != 1 or (states is None) != (layout is None) or (at is None) != (only_at is None):
+            raise ValueError("BertModelOutput needs last_hidden_state, states with their layout, "
+                             "or the states at only_at")
         if last_hidden_state is not None:
             states, layout = last_hidden_state, RowLayout(None, tuple(last_hidden_state.shape[:2]))
         self.states, self.layout, self._padded = states, layout, last_hidden_state
+        self.at, self.only_at = at, only_at
         self.pooler_output = pooler_output
         """(N, H) tanh(dense(hidden of each sequence's first token)), N = B unless rows are
         packed, or None for models built without a pooler."""
@@ -109,6 +111,9 @@ class BertModelOutput:
     def last_hidden_state(self) -> torch.Tensor:
         """(B, S, H) final hidden states (after the final LayerNorm for pre-LN models); zeros at
         padding when the pass ran unpadded."""
+        if self.states is None:
+            raise ValueError("this pass computed the final states only at only_at's positions; "
+                             "run the model without only_at for every token's")
         if self._padded is None:
             self._padded = self.layout.exit(self.states)
         return self._padded
@@ -116,25 +121,35 @@ class BertModelOutput:
     def select(self, masked_positions: torch.Tensor | None) -> torch.Tensor:
         """Hidden states where a head predicts: (N, H) at the True entries of a (B, S) bool mask
         or at (N,) int64 flat positions ``row * S + column`` (ascending), in row-major order;
-        every position, (B, S, H), when ``masked_positions`` is None.
+        every position, (B, S, H), when ``masked_positions`` is None. A pass run with
+        ``only_at=masked_positions`` has exactly these.
 
         Running the MLM head only where labels exist skips the (B*S, H) x (H, V) matmul for the
         ~85% of tokens that are not predicted. A bool mask costs one device->host sync for N;
         flat positions (what the pretraining loader ships) cost none.
         """
+        if self.at is not None:
+            if masked_positions is not self.only_at:
+                raise ValueError("this pass computed the final states only at only_at's "
+                                 "positions: select those (the same tensor) or run without only_at")
+            return self.at
         if masked_positions is None:
             return self.last_hidden_state
-        b, s = self.layout.shape
+        check_positions(masked_positions, self.layout.shape)
         if masked_positions.dtype == torch.bool:
-            if masked_positions.shape != (b, s):
-                raise ValueError(f"masked_positions must be a bool tensor of shape {(b, s)} or "
-                                 f"int64 flat positions, got bool {tuple(masked_positions.shape)}")
             return self.states[self.layout.enter(masked_positions)]
-        if masked_positions.dim() != 1 or masked_positions.is_floating_point():
-            raise ValueError("masked_positions must be a (B, S) bool mask or (N,) int64 flat "
-                             f"positions, got {masked_positions.dtype} "
-                             f"{tuple(masked_positions.shape)}")
         return self.layout.gather(self.states, masked_positions)
+
+
+def check_positions(positions: torch.Tensor, shape: tuple[int, int]) -> None:
+    """ValueError unless ``positions`` is a (B, S) bool mask or (N,) integer flat positions."""
+    if positions.dtype == torch.bool:
+        if positions.shape != shape:
+            raise ValueError(f"masked_positions must be a bool tensor of shape {shape} or "
+                             f"int64 flat positions, got bool {tuple(positions.shape)}")
+    elif positions.dim() != 1 or positions.is_floating_point():
+        raise ValueError("masked_positions must be a (B, S) bool mask or (N,) int64 flat "
+                         f"positions, got {positions.dtype} {tuple(positions.shape)}")
 
 
 class BertEmbeddings(nn.Module):
@@ -184,12 +199,12 @@ class BertIntermediate(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = activation(config.hidden_act)
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
+        self.act = config.hidden_act
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, S, H) -> (B, S, intermediate)."""
-        return self.act(self.dense(hidden))
+        return self.dense(hidden, self.act)
 
 
 class BertOutput(BertResidualOutput):
@@ -208,9 +223,11 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """(B, S, H) with a keep mask, or (T, H) with a ``TokenLayout`` -> same shape."""
-        hidden = self.attention(hidden, attend)
+    def forward(self, hidden: torch.Tensor, attend: Attend,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, S, H) with a keep mask, or (T, H) with a ``TokenLayout`` -> same shape, or the
+        (K, H) states at ``rows`` only (``BertModel.forward``'s ``only_at``)."""
+        hidden = self.attention(hidden, attend, rows)
         return self.output(self.intermediate(self.output.normalize_input(hidden)), hidden)
 
 
@@ -226,14 +243,19 @@ class BertEncoder(nn.Module):
         self.gradient_checkpointing = False
         """Recompute each layer's activations in backward instead of storing them (training only)."""
 
-    def forward(self, hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """(B, S, H) or unpadded (T, H) -> same shape."""
+    def forward(self, hidden: torch.Tensor, attend: Attend,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, S, H) or unpadded (T, H) -> same shape; with ``rows`` (ascending indices into the
+        states flattened to (tokens, H)), the (K, H) final states there only: the last layer
+        then runs its queries, output projection and feed-forward block at those rows alone."""
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        for layer in self.layer:
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            at = rows if i == last else None
             if recompute:
-                hidden = checkpoint(layer, hidden, attend, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, attend, at, use_reentrant=False)
             else:
-                hidden = layer(hidden, attend)
+                hidden = layer(hidden, attend, at)
         if hasattr(self, "final_layer_norm"):
             hidden = self.final_layer_norm(hidden)
         return hidden
@@ -281,18 +303,52 @@ class BertModel(BertPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         layout: TokenLayout | None = None,
+        *,
+        only_at: OnlyAt = None,
     ) -> BertModelOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids: (B, S) -> BertModelOutput.
 
         ``position_ids`` (B, S) mark packed rows: several sequences per row, each starting at
         position 0 and attending only to itself. ``layout`` is the batch's ``TokenLayout`` when
         the loader computed it (saves the model from finding it, and the syncs that costs).
+
+        ``only_at`` computes the final states only where a head reads them: ``"first"`` (each
+        sequence's first token: what the pooler and the classifiers read) or the positions a
+        head will ``select`` (the pooler's first tokens are computed too). The last layer then
+        runs its queries, output projection and feed-forward block at those tokens alone (its
+        keys and values still cover every token), which gives the same values there; the
+        output then has ``select(only_at)`` and ``pooler_output``, no ``last_hidden_state``.
         """
         # Padded rows or the real tokens only: the same code, the layout moves the states.
         where = batch_layout(input_ids, attention_mask, position_ids, layout, unpad=self.unpad)
         self.embeddings.check_length(input_ids.shape[-1])
         hidden = self.embeddings(where.enter(input_ids), where.enter(token_type_ids),
                                  where.positions)                 # (B, S, H) or (T, H)
-        hidden = self.encoder(hidden, where.attend)
-        pooled = self.pooler(where.first_tokens(hidden)) if self.pooler is not None else None
-        return BertModelOutput(pooler_output=pooled, states=hidden, layout=where)
+        if only_at is None:
+            hidden = self.encoder(hidden, where.attend)
+            pooled = self.pooler(where.first_tokens(hidden)) if self.pooler is not None else None
+            return BertModelOutput(pooler_output=pooled, states=hidden, layout=where)
+        rows, firsts, order = self._rows(where, only_at, hidden.device)
+        hidden = self.encoder(hidden, where.attend, rows)            # (K, H)
+        if order is not None:
+            hidden = hidden.index_select(0, order)
+        pooled = self.pooler(hidden[:firsts]) if self.pooler is not None else None
+        at = hidden if isinstance(only_at, str) else hidden[firsts:]
+        return BertModelOutput(pooler_output=pooled, at=at, only_at=only_at)
+
+    def _rows(self, where: Layout, only_at: str | torch.Tensor,
+              device: torch.device) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+        """The ascending rows of the states ``only_at`` needs; how many of them, first in the
+        output, are the sequences' first tokens; the order that puts the output so (or None)."""
+        first = where.first_rows(device)
+        if isinstance(only_at, str):
+            if only_at != "first":
+                raise ValueError(f"only_at must be 'first', a bool mask or flat positions, "
+                                 f"got {only_at!r}")
+            return first, first.shape[0], None
+        check_positions(only_at, where.shape)
+        picked = where.rows_of(only_at)
+        if self.pooler is None:
+            return picked, 0, None
+        rows, order = torch.cat([first, picked]).sort()
+        return rows, first.shape[0], torch.argsort(order)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bertforge.models.bert import BertModel, BertPreTrainedModel, activation
+from bertforge.models.bert import BertModel, BertPreTrainedModel
 from bertforge.models.config import BertConfig
 from bertforge.ops.dropout import Dropout
+from bertforge.ops.linear import Linear
 from bertforge.ops.unpad import TokenLayout
 
 
@@ -51,12 +52,12 @@ class BertPredictionHeadTransform(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.act = config.hidden_act
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(hidden)))
+        return self.LayerNorm(self.dense(hidden, self.act))
 
 
 class BertLMPredictionHead(nn.Module):
@@ -100,6 +101,8 @@ def _classifier_dropout(config: BertConfig) -> float:
 class BertForPreTraining(BertPreTrainedModel):
     """Encoder + MLM and NSP heads (``cls.predictions``, ``cls.seq_relationship``)."""
 
+    last_layer_at = "predicted"
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
@@ -118,15 +121,19 @@ class BertForPreTraining(BertPreTrainedModel):
         layout: TokenLayout | None = None,
     ) -> BertPreTrainingOutput:
         """(B, S) inputs; ``masked_positions`` ((B, S) bool, or flat int64 positions) limits MLM
-        logits to those positions (``BertModelOutput.select``). ``position_ids``/``layout``: as
+        logits, and the encoder's last layer with them, to those positions (and the first
+        tokens, for NSP; ``BertModel.forward``'s ``only_at``). ``position_ids``/``layout``: as
         ``BertModel``; NSP logits are per sequence, (N, 2), for packed rows."""
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, layout)
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, layout,
+                        only_at=masked_positions)
         mlm = self.cls.predictions(out.select(masked_positions))
         return BertPreTrainingOutput(mlm_logits=mlm, nsp_logits=self.cls.seq_relationship(out.pooler_output))
 
 
 class BertForMaskedLM(BertPreTrainedModel):
     """Encoder (no pooler) + MLM head (``cls.predictions``)."""
+
+    last_layer_at = "predicted"
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -146,7 +153,8 @@ class BertForMaskedLM(BertPreTrainedModel):
         layout: TokenLayout | None = None,
     ) -> MaskedLMOutput:
         """As ``BertForPreTraining.forward``, without the NSP head."""
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, layout)
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, layout,
+                        only_at=masked_positions)
         return MaskedLMOutput(logits=self.cls.predictions(out.select(masked_positions)))
 
 
@@ -181,6 +189,8 @@ class BertForSequenceClassification(BertPreTrainedModel):
     ``num_labels`` (default: ``config.num_labels``) is stored in ``self.config`` and saved as id2label.
     """
 
+    last_layer_at = "first"
+
     def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
         super().__init__()
         self.config = config = _with_labels(config, num_labels)
@@ -195,12 +205,14 @@ class BertForSequenceClassification(BertPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> ClassifierOutput:
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        pooled = self.bert(input_ids, attention_mask, token_type_ids, only_at="first").pooler_output
         return ClassifierOutput(logits=self.classifier(self.dropout(pooled)))  # (B, num_labels)
 
 
 class BertForMultipleChoice(BertPreTrainedModel):
     """Scores C candidate sequences per example: inputs (B, C, S) -> logits (B, C)."""
+
+    last_layer_at = "first"
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -219,7 +231,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         b, c, s = input_ids.shape
         # Every choice is an independent sequence: (B, C, S) -> (B*C, S).
         flat = [t.reshape(b * c, s) if t is not None else None for t in (input_ids, attention_mask, token_type_ids)]
-        pooled = self.bert(*flat).pooler_output  # (B*C, H)
+        pooled = self.bert(*flat, only_at="first").pooler_output  # (B*C, H)
         return ClassifierOutput(logits=self.classifier(self.dropout(pooled)).view(b, c))
 
 

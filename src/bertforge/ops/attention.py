@@ -30,6 +30,8 @@ A caller projects its states to queries, keys and values, splits the heads off t
     docs/performance.md).
 
 The result has the shape of ``q``; ``out.flatten(-2)`` merges the heads again.
+:func:`attend_at` attends the queries of some tokens only (an encoder's last layer, where the
+heads read a few states), over their whole sequences' keys.
 """
 
 from __future__ import annotations
@@ -187,6 +189,35 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
     return _bucketed_attention(q, k, v, layout, dropout_p)
 
 
+def queries_at_rows(where: Attend, backend: str, device: torch.device, dtype: torch.dtype,
+                    head_dim: int) -> bool:
+    """Whether :func:`attend_at` runs for this layout and kernel: unpadded tokens, with the
+    ``padded`` backend or a fused one (the nested and padded-row paths attend every query)."""
+    if not isinstance(where, TokenLayout):
+        return False
+    return resolve_backend(backend, device, dtype, head_dim) in ("padded", *FUSED)
+
+
+@torch.compiler.disable
+def attend_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+              rows: torch.Tensor, dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
+    """Attention for some queries only: q (K, heads, head_dim), the queries of the tokens at
+    ``rows`` ((K,) ascending indices into the T tokens, repeats allowed), over the keys and
+    values (T, heads, head_dim) of their own sequences -> (K, heads, head_dim), what
+    :func:`varlen_attention` gives at those rows. Where :func:`queries_at_rows` says so."""
+    if rows.shape[0] == 0:
+        return q
+    backend = resolve_backend(backend, q.device, q.dtype, q.shape[-1])
+    if backend in FUSED:
+        cu = layout.cu_seqlens
+        # rows ascend, so the queries before sequence n's first token are those of 0..n-1; the
+        # longest sequence bounds every query count: nothing is read back from the device
+        cu_q = torch.searchsorted(rows, cu.to(rows.dtype)).to(torch.int32)
+        return fused_varlen(backend, q, k, v, cu_q, cu, layout.max_seqlen, layout.max_seqlen,
+                            dropout_p)
+    return _bucketed_attention(q, k, v, layout, dropout_p, rows)
+
+
 def nested_heads(x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     """(T, heads, head_dim) -> a jagged nested tensor (N, heads, j, head_dim) that knows its
     shortest and longest sequence, so SDPA's kernel selection reads no length from the device."""
@@ -220,16 +251,31 @@ def _jagged_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Toke
 
 @dataclass
 class _Bucket:
-    rows: int             # sequences in the bucket
+    members: np.ndarray   # the sequences in the bucket
     width: int            # their padded length
     keep: torch.Tensor | None  # (1, rows, 1, width) key mask; None when every row is full
+
+    @property
+    def rows(self) -> int:
+        return len(self.members)
 
 
 @dataclass
 class _Plan:
     heads: int
     buckets: list[_Bucket]
-    gathering: Gathering | None  # (heads * T) tokens -> the buckets' slots; None: the identity
+    gathering: Gathering | None  # the (T * heads) token-major rows -> the buckets' slots
+
+
+def _per_head(cu: np.ndarray, heads: int) -> np.ndarray:
+    """Offsets of every head's copy of the sequences ``cu`` (head-major), for ``SlotBuilder``."""
+    total = int(cu[-1])
+    starts = (cu[:-1][None, :] + total * np.arange(heads)[:, None]).reshape(-1)
+    return np.append(starts, heads * total)
+
+
+def _head_members(members: np.ndarray, n: int, heads: int) -> np.ndarray:
+    return (members[None, :] + n * np.arange(heads)[:, None]).reshape(-1)
 
 
 def _plan(layout: TokenLayout, heads: int, device: torch.device) -> _Plan:
@@ -238,43 +284,71 @@ def _plan(layout: TokenLayout, heads: int, device: torch.device) -> _Plan:
     head's copy of a sequence is a sequence of its own, so that each bucket's slots are one
     contiguous (heads, rows, width) block."""
     cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
-    n, t = len(cu) - 1, int(cu[-1])
-    per_head = (cu[:-1][None, :] + t * np.arange(heads)[:, None]).reshape(-1)
+    n = len(cu) - 1
     widths = bucket_widths(np.diff(cu))
-    slots, buckets = SlotBuilder(np.append(per_head, heads * t)), []
+    slots, buckets = SlotBuilder(_per_head(cu, heads)), []
     for width in np.unique(widths).tolist():  # a loop over a handful of widths
         members = np.flatnonzero(widths == width)
-        real = slots.add((members[None, :] + n * np.arange(heads)[:, None]).reshape(-1), width)
+        real = slots.add(_head_members(members, n, heads), width)
         rows = real[:len(members)]                                 # (rows, width), head 0's
         keep = None if rows.all() else torch.from_numpy(rows).to(device)[None, :, None, :]
-        buckets.append(_Bucket(len(members), width, keep))
-    return _Plan(heads, buckets, slots.build(device))
+        buckets.append(_Bucket(members, width, keep))
+    return _Plan(heads, buckets, slots.build(device, heads))
+
+
+def _cached_plan(layout: TokenLayout, heads: int, device: torch.device) -> _Plan:
+    if layout.buckets is None or layout.buckets.heads != heads:
+        layout.buckets = _plan(layout, heads, device)
+    return layout.buckets
+
+
+def _query_slots(layout: TokenLayout, plan: _Plan, rows: torch.Tensor,
+                 device: torch.device) -> tuple[list[int], Gathering | None]:
+    """Rows of queries for the queries at ``rows`` (ascending token indices), in ``plan``'s
+    buckets: each bucket's query width is its sequences' most queries (0: the bucket is
+    skipped), a sequence with fewer is padded."""
+    cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
+    n, cu_q = len(cu) - 1, np.searchsorted(rows.cpu().numpy(), cu)
+    counts = np.diff(cu_q)
+    slots, widths = SlotBuilder(_per_head(cu_q, plan.heads)), []
+    for b in plan.buckets:
+        width = int(counts[b.members].max())
+        if width:
+            slots.add(_head_members(b.members, n, plan.heads), width)
+        widths.append(width)
+    return widths, slots.build(device, plan.heads)
 
 
 def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
-                        dropout_p: float) -> torch.Tensor:
+                        dropout_p: float, rows: torch.Tensor | None = None) -> torch.Tensor:
     """The ``padded`` backend: one padded row per *sequence* (so packed rows stay
     block-diagonal), sequences of similar length batched together so that a short sequence is
     not padded to the batch's longest. The rows come from one gather of the tokens
     (``bertforge.ops.slots``: padding slots repeat a real token, whose key is masked) with the
     heads first, (heads, rows, width, head_dim) per bucket: every head and row is then one
-    contiguous matrix for the matrix products."""
-    tokens, heads, head_dim = q.shape
-    if layout.buckets is None or layout.buckets.heads != heads:
-        layout.buckets = _plan(layout, heads, q.device)
-    plan: _Plan = layout.buckets
-    # (T, h, d) -> (h * T, d) -> slots, one transposing copy per tensor and layer
-    q, k, v = (gather(x.transpose(0, 1).reshape(heads * tokens, head_dim), plan.gathering)
-               for x in (q, k, v))
+    contiguous matrix for the matrix products. With ``rows``, ``q`` holds only the queries at
+    those tokens, laid out in rows of their own."""
+    count, heads, head_dim = q.shape[0], k.shape[1], k.shape[2]
+    plan = _cached_plan(layout, heads, k.device)
+    if rows is None:
+        widths, queries = [b.width for b in plan.buckets], plan.gathering
+    else:
+        widths, queries = _query_slots(layout, plan, rows, k.device)
+    # (T, heads, head_dim) viewed as (T * heads, head_dim): the gatherings read token-major
+    k, v = (gather(x.reshape(-1, head_dim), plan.gathering) for x in (k, v))
+    q = gather(q.reshape(-1, head_dim), queries)
     sizes = [heads * b.rows * b.width for b in plan.buckets]
     parts = []
-    for b, qb, kb, vb in zip(plan.buckets, q.split(sizes), k.split(sizes), v.split(sizes)):
-        rows = (heads, b.rows, b.width, head_dim)
-        context = sdpa(qb.view(rows), kb.view(rows), vb.view(rows), b.keep, dropout_p)
-        parts.append(context.reshape(-1, head_dim))
+    q_parts = q.split([heads * b.rows * w for b, w in zip(plan.buckets, widths)])
+    for b, w, qb, kb, vb in zip(plan.buckets, widths, q_parts, k.split(sizes), v.split(sizes)):
+        if w:
+            context = sdpa(qb.view(heads, b.rows, w, head_dim),
+                           kb.view(heads, b.rows, b.width, head_dim),
+                           vb.view(heads, b.rows, b.width, head_dim), b.keep, dropout_p)
+            parts.append(context.reshape(-1, head_dim))
     flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return scatter(flat, plan.gathering).view(heads, tokens, head_dim).transpose(0, 1)
+    return scatter(flat, queries).view(count, heads, head_dim)
 
 
-__all__ = ["Attend", "BACKENDS", "BUCKET", "FUSED", "attend", "fused_varlen", "nested_heads",
-           "resolve_backend", "sdpa", "varlen_attention"]
+__all__ = ["Attend", "BACKENDS", "BUCKET", "FUSED", "attend", "attend_at", "fused_varlen",
+           "nested_heads", "queries_at_rows", "resolve_backend", "sdpa", "varlen_attention"]

@@ -51,21 +51,32 @@ class SlotBuilder:
         columns = np.arange(width)[None, :]
         real = columns < lengths[:, None]
         slots = self.size + np.arange(len(members))[:, None] * width + columns
-        tokens = starts[:, None] + np.minimum(columns, lengths[:, None] - 1)
+        # A sequence with no tokens (a query set may leave one empty) repeats a neighbour's.
+        tokens = np.clip(starts[:, None] + np.minimum(columns, lengths[:, None] - 1),
+                         0, max(int(self.cu[-1]) - 1, 0))
         self.inverse[tokens[real]] = slots[real]
         self.index.append(tokens.reshape(-1))
         self.real.append(real.reshape(-1))
         self.size += len(members) * width
         return real
 
-    def build(self, device: torch.device) -> Gathering | None:
-        """The gathering, or None when it is the identity (no padding, tokens in order)."""
-        index = np.concatenate(self.index)
-        if len(index) == len(self.inverse) and (index == np.arange(len(index))).all():
+    def build(self, device: torch.device, heads: int = 1) -> Gathering | None:
+        """The gathering, or None when it is the identity (no padding, tokens in order).
+
+        ``heads`` > 1: the sequences added were ``heads`` copies of the tokens, head-major
+        (copy ``j`` of token ``t`` numbered ``j * T + t``), while the tensor to gather is laid
+        out token-major, (T, heads, ...) flattened to (T * heads, ...): the gathering reads and
+        writes it there, so no transposing copy is needed on either side."""
+        index, inverse = np.concatenate(self.index), self.inverse
+        if heads > 1:
+            tokens = len(inverse) // heads
+            index = (index % tokens) * heads + index // tokens
+            inverse = inverse.reshape(heads, tokens).T.reshape(-1)
+        if len(index) == len(inverse) and (index == np.arange(len(index))).all():
             return None
         real = torch.as_tensor(np.concatenate(self.real), dtype=torch.float32, device=device)
         return Gathering(torch.as_tensor(index, device=device),
-                         torch.as_tensor(self.inverse, device=device), real)
+                         torch.as_tensor(inverse, device=device), real)
 
 
 class _Select(torch.autograd.Function):

@@ -112,9 +112,22 @@ class TokenLayout:
         """(T, H) -> (N, H): each sequence's first token."""
         return states.index_select(0, self.starts())
 
+    def first_rows(self, device: torch.device) -> torch.Tensor:
+        """(N,) int64 rows of the (T, H) states that hold each sequence's first token (on the
+        layout's device)."""
+        return self.starts()
+
+    def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """(K,) int64 rows of the (T, H) states at (K,) ascending flat positions
+        ``row * S + column`` of real tokens, or at the True entries of a (B, S) bool mask (one
+        sync for K)."""
+        if positions.dtype == torch.bool:
+            return self.unpad(positions).nonzero().squeeze(1)
+        return torch.searchsorted(self.indices, positions)
+
     def gather(self, states: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
         """(T, H) states at (K,) ascending flat positions ``row * S + column`` of real tokens."""
-        return states.index_select(0, torch.searchsorted(self.indices, flat))
+        return states.index_select(0, self.rows_of(flat))
 
 
 @dataclass
@@ -144,6 +157,21 @@ class RowLayout:
     def first_tokens(self, states: torch.Tensor) -> torch.Tensor:
         """(B, S, H) -> (N, H): column 0 of every row, or each packed sequence's first token."""
         return states[:, 0] if self.starts is None else self.gather(states, self.starts)
+
+    def first_rows(self, device: torch.device) -> torch.Tensor:
+        """(N,) int64 rows of the states flattened to (B * S, H) that hold each sequence's
+        first token (on ``device``, where the states are)."""
+        if self.starts is not None:
+            return self.starts
+        b, s = self.shape
+        return torch.arange(0, b * s, s, device=device)
+
+    def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """(K,) int64 rows of the (B * S, H) states: the flat positions themselves, or the True
+        entries of a (B, S) bool mask (one sync for K)."""
+        if positions.dtype == torch.bool:
+            return positions.reshape(-1).nonzero().squeeze(1)
+        return positions
 
     def gather(self, states: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
         """(B, S, H) states at (K,) flat positions ``row * S + column``."""

@@ -332,8 +332,11 @@ class FinetuneTask(ABC):
         return self.score(self.last_outputs) if self.labelled else {}
 
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
-        # The encoder over the real tokens; the small task heads are not counted.
-        return batch_train_flops(unwrap(model).config, batch["attention_mask"])
+        # The encoder over the real tokens (its last layer where the head reads it); the small
+        # task heads are not counted.
+        inner = unwrap(model)
+        return batch_train_flops(inner.config, batch["attention_mask"],
+                                 read=getattr(inner, "last_layer_at", None))
 
     def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
         self.write_outputs(output_dir, validation)

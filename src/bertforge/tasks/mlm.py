@@ -103,7 +103,8 @@ class PretrainTask(CorpusTask):
     def batch_flops(self, model: nn.Module, batch: Batch) -> float:
         return batch_train_flops(model.config, batch["attention_mask"],
                                  batch["mlm_labels"].ne(IGNORE_INDEX), self.data.has_pairs,
-                                 layout_from_batch(batch))
+                                 layout_from_batch(batch),
+                                 read=getattr(model, "last_layer_at", None))
 
     def describe(self, last: dict, validation: dict) -> list[str]:
         lines = []

@@ -6,6 +6,10 @@ A matmul of (m x k) by (k x n) costs 2mkn FLOPs. Per sequence of S tokens, forwa
   pooler 2H^2 and NSP head 4H (NSP models only);
   MLM head at P predicted positions: transform 2PH^2 and decoder 2PHV (only at masked positions
                        when the model computes logits there; P = S otherwise).
+A model whose heads read only some final states (a classifier the first token's, MLM the
+masked positions') runs its last layer's queries, output projection and feed-forward block only
+there (``BertModel.forward``'s ``only_at``): that layer then costs 4SH^2 (keys and values) +
+Q(4H^2 + 4HI + 4SH) for its Q computed tokens, and is counted so.
 Training = 3 x forward (backward costs two matmuls per forward matmul). Embedding lookups,
 layer norms, softmax and activations are not counted, as is usual for MFU.
 
@@ -58,10 +62,16 @@ _PEAK: tuple[tuple[str, dict[str, float]], ...] = (
 
 
 def bert_train_flops(*, layers: int, hidden: int, intermediate: int, vocab: int, seq_len: float,
-                     predictions: float, nsp: bool) -> float:
-    """Training FLOPs for one sequence (forward + backward)."""
+                     predictions: float, nsp: bool, last_queries: float | None = None) -> float:
+    """Training FLOPs for one sequence (forward + backward). ``last_queries``: the tokens the
+    last layer runs its queries, output projection and feed-forward block for (its keys and
+    values cover all ``seq_len``), when a model computes its final states only where a head
+    reads them (``BertModel.forward``'s ``only_at``); None: every token."""
     h, s = hidden, seq_len
-    encoder = layers * (8 * s * h * h + 4 * s * h * intermediate + 4 * s * s * h)
+    q = s if last_queries is None else last_queries
+    layer = 8 * s * h * h + 4 * s * h * intermediate + 4 * s * s * h
+    last = 4 * s * h * h + 4 * q * h * h + 4 * q * h * intermediate + 4 * q * s * h
+    encoder = (layers - 1) * layer + last
     heads = 2 * predictions * h * h + 2 * predictions * h * vocab
     if nsp:
         heads += 2 * h * h + 4 * h
@@ -92,10 +102,21 @@ def modernbert_train_flops(*, hidden: int, intermediate: int, vocab: int,
     return 3.0 * (encoder + head)
 
 
-def sequence_flops(config, nsp: bool = False,
-                   windowed: bool = True) -> Callable[[int, float], float]:
+def read_tokens(read: str | None, predictions: float, nsp: bool) -> float | None:
+    """The tokens a BERT model's last layer computes (``bert_train_flops``'s ``last_queries``)
+    when its heads read ``read`` (a model class's ``last_layer_at``): None (every token),
+    ``"first"`` (each sequence's first) or ``"predicted"`` (the MLM positions, and the first
+    token for the NSP head)."""
+    if read is None:
+        return None
+    return 1.0 if read == "first" else predictions + (1.0 if nsp else 0.0)
+
+
+def sequence_flops(config, nsp: bool = False, windowed: bool = True,
+                   read: str | None = None) -> Callable[[int, float], float]:
     """(real length, MLM predictions) -> training FLOPs of one sequence, for ``config``'s
-    family: ModernBERT (global and sliding-window layers, no NSP head) or BERT."""
+    family: ModernBERT (global and sliding-window layers, no NSP head) or BERT (its last layer
+    at the tokens ``read``, :func:`read_tokens`)."""
     if getattr(config, "model_type", None) == "modernbert":
         kinds = [kind == "full_attention" for kind in config.resolved_layer_types()]
         return lambda s, p: modernbert_train_flops(
@@ -105,17 +126,19 @@ def sequence_flops(config, nsp: bool = False,
     return lambda s, p: bert_train_flops(
         layers=config.num_hidden_layers, hidden=config.hidden_size,
         intermediate=config.intermediate_size, vocab=config.padded_vocab_size, seq_len=s,
-        predictions=p, nsp=nsp)
+        predictions=p, nsp=nsp, last_queries=read_tokens(read, p, nsp))
 
 
 def batch_train_flops(config, attention_mask: torch.Tensor,
                       predicted: torch.Tensor | None = None, nsp: bool = False,
-                      layout: TokenLayout | None = None, windowed: bool = True) -> float:
+                      layout: TokenLayout | None = None, windowed: bool = True,
+                      read: str | None = None) -> float:
     """Training FLOPs of one micro-batch from its CPU tensors (no device sync): one sequence per
     row of ``attention_mask`` ((B, S), or (B, C, S) for multiple choice: B*C sequences), or per
     sequence of ``layout`` (packed rows), at its real length, with the True entries of
     ``predicted`` (same shape as the mask) as its MLM positions (none without). The count
-    follows ``config``'s family (:func:`sequence_flops`; ``windowed``: ModernBERT only)."""
+    follows ``config``'s family (:func:`sequence_flops`; ``windowed``: ModernBERT only;
+    ``read``: where a BERT model's last layer runs, its class's ``last_layer_at``)."""
     if layout is None:
         lengths = attention_mask.reshape(-1, attention_mask.shape[-1]).sum(-1).tolist()
         preds = ([0] * len(lengths) if predicted is None else
@@ -128,7 +151,7 @@ def batch_train_flops(config, attention_mask: torch.Tensor,
             sequence = layout.sequence_of_token()
             preds = torch.zeros(len(lengths), dtype=torch.long).index_add_(
                 0, sequence, per_token).tolist()
-    flops = sequence_flops(config, nsp, windowed)
+    flops = sequence_flops(config, nsp, windowed, read)
     return sum(flops(s, p) for s, p in zip(lengths, preds))
 
 
