@@ -214,11 +214,12 @@ def stop_after() -> Callable[[int], type]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``long`` tests (minutes of real-weights fine-tuning each on a 2-core CPU) run only when
-    asked for, so `make test` stays well inside CI's time budget."""
+    """``long`` tests (minutes each on a 2-core CPU: real-weights fine-tuning, the GPU check's
+    benchmark stages) run only when asked for, so `make test` stays well inside CI's time
+    budget."""
     if os.environ.get("BERTFORGE_LONG_TESTS") == "1":
         return
-    skip = pytest.mark.skip(reason="long real-weights run; set BERTFORGE_LONG_TESTS=1 to run it")
+    skip = pytest.mark.skip(reason="long run; set BERTFORGE_LONG_TESTS=1 to run it")
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)

@@ -64,8 +64,10 @@ def test_wheel_runs_from_a_clean_venv(tmp_path: Path) -> None:
     # Torch first, pinned to the version running this test: the local CPU build. Left to the
     # wheel's "torch>=2.3", pip would fetch the newest CUDA build (several GB).
     torch_pin = f"torch=={torch.__version__.split('+')[0]}"
-    run([python, "-m", "pip", "install", "-q", torch_pin], cwd=tmp_path, timeout=1200)
-    run([python, "-m", "pip", "install", "-q", wheel], cwd=tmp_path, timeout=1200)
+    # --no-compile: no .pyc for the thousands of modules the commands below never import
+    run([python, "-m", "pip", "install", "-q", "--no-compile", torch_pin], cwd=tmp_path,
+        timeout=1200)
+    run([python, "-m", "pip", "install", "-q", "--no-compile", wheel], cwd=tmp_path, timeout=1200)
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
