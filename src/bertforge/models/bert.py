@@ -136,9 +136,7 @@ class BertModelOutput:
         if masked_positions is None:
             return self.last_hidden_state
         check_positions(masked_positions, self.layout.shape)
-        if masked_positions.dtype == torch.bool:
-            return self.states[self.layout.enter(masked_positions)]
-        return self.layout.gather(self.states, masked_positions)
+        return self.states.flatten(0, -2).index_select(0, self.layout.rows_of(masked_positions))
 
 
 def check_positions(positions: torch.Tensor, shape: tuple[int, int]) -> None:

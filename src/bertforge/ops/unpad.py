@@ -110,7 +110,7 @@ class TokenLayout:
 
     def first_tokens(self, states: torch.Tensor) -> torch.Tensor:
         """(T, H) -> (N, H): each sequence's first token."""
-        return states.index_select(0, self.starts())
+        return states.index_select(0, self.first_rows(states.device))
 
     def first_rows(self, device: torch.device) -> torch.Tensor:
         """(N,) int64 rows of the (T, H) states that hold each sequence's first token (on the
