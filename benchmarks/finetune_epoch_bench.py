@@ -27,7 +27,9 @@ warm-up), batch 32, fp32 on the CPU.
   to ``on_train_end``.
 * **Evaluation** (each side's own trained model, the held-out rows): bertforge's evaluation pass
   (``FinetuneTask.evaluate``: predictions and metrics, what a run does at its end) against
-  ``Trainer.predict`` plus the same metric, each timed from features to metrics.
+  ``Trainer.predict`` plus the same metric, each timed from features to metrics. With
+  ``--bf16-eval`` each side evaluates once more under CPU autocast to bf16 (bertforge's
+  ``--precision=bf16``; ``Trainer.predict`` inside ``torch.autocast("cpu", torch.bfloat16)``).
 
 Data: MRPC's train.tsv from ``../shared/data``, shuffled once with a fixed seed and split into
 3,260 training rows and 408 held-out rows (the size of MRPC's dev set); SQuAD v1.1: training
@@ -118,7 +120,7 @@ def split_squad(tmp: Path, train_questions: int) -> tuple[Path, Path]:
 
 
 def bertforge_config(task: str, model: Path, train: Path | None, heldout: Path, out: Path,
-                     seed: int, epochs: float) -> Any:
+                     seed: int, epochs: float, precision: str = "fp32") -> Any:
     from bertforge.config import FinetuneConfig, load_config
 
     own = (["--task=glue", "--data.task_name=mrpc"] if task == "mrpc"
@@ -128,7 +130,8 @@ def bertforge_config(task: str, model: Path, train: Path | None, heldout: Path, 
             f"--optim.warmup={RECIPE['warmup']}", f"--train.global_batch_size={RECIPE['batch']}",
             f"--train.micro_batch_size={RECIPE['batch']}", f"--train.epochs={epochs}",
             f"--train.seed={seed}", "--train.log_every=1000000", "--checkpoint.every=1000000",
-            "--checkpoint.keep=0", "--tensorboard=false", "--precision=fp32", "--resume=none"]
+            "--checkpoint.keep=0", "--tensorboard=false", f"--precision={precision}",
+            "--resume=none"]
     if train is not None:
         args.append(f"--data.train={train}")
     return load_config(FinetuneConfig, None, args)
@@ -146,13 +149,15 @@ def bertforge_run(task: str, model: Path, train: Path, heldout: Path, out: Path,
             "metrics": result.validation}
 
 
-def bertforge_evaluate(task: str, model: Path, heldout: Path, out: Path) -> dict[str, Any]:
+def bertforge_evaluate(task: str, model: Path, heldout: Path, out: Path,
+                       precision: str = "fp32") -> dict[str, Any]:
     """bertforge's evaluation pass over the held-out rows with the trained model, as a run ends
-    (what ``evaluate_only`` does, the pass alone timed: features and model are built first)."""
+    (what ``evaluate_only`` does, the pass alone timed: features and model are built first), in
+    ``precision`` (bf16: autocast, as ``--precision=bf16`` runs it)."""
     from bertforge.tasks.finetune import build_task
     from bertforge.train.distributed import init_distributed
 
-    cfg = bertforge_config(task, model, None, heldout, out, 0, 1.0)
+    cfg = bertforge_config(task, model, None, heldout, out, 0, 1.0, precision)
     evaluation = build_task(cfg, init_distributed())
     trained, precision = evaluation.evaluation_model()
     t0 = time.perf_counter()
@@ -208,18 +213,25 @@ def hf_trainer(task: str, model_dir: Path, train: Any, out: Path, seed: int, epo
     return trainer, clock["end"] - clock["begin"]
 
 
-def hf_evaluate(task: str, trainer: Any, evaluation: Any, heldout: Any) -> dict[str, Any]:
+def hf_evaluate(task: str, trainer: Any, evaluation: Any, heldout: Any,
+                precision: str = "fp32") -> dict[str, Any]:
     """``Trainer.predict`` over the held-out rows, scored by the same metric code as bertforge's
-    (for SQuAD, the same n-best search turns logits into answers)."""
+    (for SQuAD, the same n-best search turns logits into answers); bf16: under CPU autocast to
+    bf16, the numerics of bertforge's ``--precision=bf16``."""
+    import contextlib
+
+    import torch
+
     from bertforge.tasks.finetuning import pad_to
 
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
     t0 = time.perf_counter()
-    predictions = trainer.predict(heldout).predictions
+    with autocast:
+        predictions = trainer.predict(heldout).predictions
     if task == "mrpc":
         outputs: dict[str, Any] = {"logits": predictions}
     else:
-        import torch
-
         from bertforge.data.finetuning.squad import postprocess_qa
 
         width = evaluation.max_seq_length
@@ -251,7 +263,8 @@ def encoded(task: str, model: Path, files: tuple[Path, Path], tmp: Path) -> tupl
 
 
 def one_seed(task: str, model: Path, files: tuple[Path, Path], inputs: tuple[Any, Any, Any],
-             tmp: Path, seed: int, epochs: float, hf_first: bool) -> dict[str, Any]:
+             tmp: Path, seed: int, epochs: float, hf_first: bool, bf16_eval: bool = False
+             ) -> dict[str, Any]:
     train, heldout = files
     built, hf_train, hf_heldout = inputs
     out: dict[str, Any] = {}
@@ -260,11 +273,16 @@ def one_seed(task: str, model: Path, files: tuple[Path, Path], inputs: tuple[Any
         if side == "bertforge":
             run = bertforge_run(task, model, train, heldout, run_dir, seed, epochs)
             run["evaluation"] = bertforge_evaluate(task, run_dir, heldout, tmp / "eval")
+            if bf16_eval:
+                run["evaluation_bf16"] = bertforge_evaluate(task, run_dir, heldout,
+                                                            tmp / "eval-bf16", "bf16")
         else:
             trainer, seconds = hf_trainer(task, model, hf_train, run_dir, seed, epochs,
                                           built.cfg.eval.batch_size)
             run = {"train_seconds": seconds, "steps": trainer.state.global_step,
                    "evaluation": hf_evaluate(task, trainer, built, hf_heldout)}
+            if bf16_eval:
+                run["evaluation_bf16"] = hf_evaluate(task, trainer, built, hf_heldout, "bf16")
         out[side] = run
         print(f"seed {seed} {side}: train {run['train_seconds']:.1f} s ({run['steps']} steps), "
               f"eval {run['evaluation']['seconds']:.2f} s, {run['evaluation']['metrics']}",
@@ -304,6 +322,15 @@ def summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
     evals = {s: series(s, lambda r: r["evaluation"]["seconds"]) for s in ("bertforge", "hf")}
     quality = {s: series(s, lambda r: r["evaluation"]["metrics"][metric])
                for s in ("bertforge", "hf")}
+    bf16 = {}
+    if all("evaluation_bf16" in r[s] for r in seeds.values() for s in ("bertforge", "hf")):
+        seconds = {s: series(s, lambda r: r["evaluation_bf16"]["seconds"])
+                   for s in ("bertforge", "hf")}
+        bf16 = {"eval_bf16_seconds_median": {s: statistics.median(v) for s, v in seconds.items()},
+                "eval_bf16_speedup_median": statistics.median(
+                    h / b for b, h in zip(seconds["bertforge"], seconds["hf"])),
+                f"heldout_{metric}_bf16": {s: series(s, lambda r: r["evaluation_bf16"]["metrics"]
+                                                      [metric]) for s in ("bertforge", "hf")}}
     return {
         "heldout": quality_summary(seeds, task),
         "train_seconds_median": {s: statistics.median(v) for s, v in train.items()},
@@ -315,6 +342,7 @@ def summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
                                                                        evals["hf"])),
         f"heldout_{metric}": quality,
         f"heldout_{metric}_mean": {s: statistics.fmean(v) for s, v in quality.items()},
+        **bf16,
     }
 
 
@@ -327,6 +355,9 @@ def main() -> None:
     ap.add_argument("--train-questions", type=int, default=1500,
                     help="SQuAD: training questions (the issue's recipe: 1,500).")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--bf16-eval", action="store_true",
+                    help="Each side also evaluates its trained model in bf16 (CPU autocast; "
+                         "fast on CPUs with bf16 matrix units such as Intel AMX).")
     ap.add_argument("--out", help="Result JSON (default: benchmarks/results/...).")
     args = ap.parse_args()
     import torch
@@ -341,11 +372,11 @@ def main() -> None:
         inputs = encoded(args.task, model, files, tmp)
         for i, seed in enumerate(seeds):
             results[str(seed)] = one_seed(args.task, model, files, inputs, tmp, seed, args.epochs,
-                                          hf_first=i % 2 == 1)
+                                          hf_first=i % 2 == 1, bf16_eval=args.bf16_eval)
     report = {"benchmark": f"finetune-epoch-{args.task}", **metadata(["accelerate"]), "settings": {
         "task": args.task, "model": str(model), "epochs": args.epochs, "seeds": seeds,
         "recipe": RECIPE, "max_seq_length": LENGTHS[args.task], "threads": args.threads,
-        "precision": "fp32"}, "seeds": results, "summary": summary(results, args.task)}
+        "precision": "fp32", "bf16_eval": args.bf16_eval}, "seeds": results, "summary": summary(results, args.task)}
     path = result_path(f"finetune-epoch-{args.task}-cpu", args.out)
     write_result(path, report)
     print(json.dumps(report["summary"], indent=1))

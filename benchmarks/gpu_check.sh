@@ -2,10 +2,13 @@
 # Everything bertforge should prove on one GPU, in one call of at most 8 minutes (one H100):
 #
 #   bash benchmarks/gpu_check.sh --out "$OUT"     # on the GPU machine (.whl/ carried along)
-#   bash benchmarks/gpu_check.sh --dry-run        # every stage on this CPU, tiny shapes (~3-4 min)
+#   bash benchmarks/gpu_check.sh --dry-run        # every stage on this CPU, tiny shapes (~5 min)
 #
 # Stages (each timed and logged; a failed stage is recorded with the tail of its log and the
-# next one runs; exit status 1 at the end if any failed or was skipped for time):
+# next one runs; exit status 1 at the end if any failed or was skipped for time). The smoke
+# stages, which time nothing, run in two lanes side by side after setup (lane a: data, pretrain,
+# finetune, serve, onnx; lane b: env, pytest, then bart and fp16 once data is ready); the
+# benchmark stages then run one at a time, alone on the GPU:
 #   setup             install the wheels of .whl/ this Python lacks (`pip --target`), check imports
 #   env               torch / CUDA / device / flash-attn / onnxruntime facts -> env.json
 #   pytest            `pytest -m gpu` on the test files that have GPU tests
@@ -23,9 +26,9 @@
 #                     MFU at real lengths, memory (phase 1: seq 128, batch 64; 2: 512, 16)
 #   runner            `bertforge pretrain --config bert-large-phase1 --benchmark`: the real
 #                     runner's seq/s, MFU, memory and host syncs per step, compiled and eager
-#   suite             (only when named, or with --suite: a second call) benchmarks/suite.py
-#                     --quick's other GPU entries beside Hugging Face: fine-tuning, inference
-#                     and serving (on a random MiniLM-shaped body), BART-base, ModernBERT-base
+#   suite             benchmarks/suite.py --quick's other GPU entries beside Hugging Face, as
+#                     many as the time left allows, in this order: fine-tuning, BART-base,
+#                     inference and serving (on a random MiniLM-shaped body), ModernBERT-base
 # Results: benchmarks/results/gpu-check-<device>-<date>/ (summary.json, summary.md, env.json,
 # per-stage JSON files, logs/), rewritten after every stage; with --out (or $OUT) the summary,
 # env.json, the benchmark results, the suite's summary and logs.tar.gz are copied there too
@@ -44,14 +47,12 @@ usage: bash benchmarks/gpu_check.sh [--dry-run] [--out DIR] [--results-dir DIR] 
                      benchmarks/results, or env BERTFORGE_GPU_CHECK_RESULTS; a dry run
                      without either: ${TMPDIR:-/tmp}/bertforge-gpu-check)
   --budget S         wall-time budget in seconds: a stage that would not fit (by its GPU
-                     estimate) is skipped and counted as failed (default 465 on a GPU, 900 dry)
+                     estimate) is skipped and counted as failed, and the suite runs the entries
+                     that fit in what is left (default 465 on a GPU, 1200 dry)
   --only STAGE,...   run only these stages (for a rerun), e.g. setup,data,bench-phase2; what a
                      stage needs must be listed too: setup for all but env; data for pretrain,
                      fp16, bench-*, runner, bart; pretrain for finetune; finetune for serve, onnx
-  --suite            the second call: benchmarks/suite.py's other GPU entries (fine-tuning,
-                     inference and serving, BART, ModernBERT), short runs, beside Hugging Face;
-                     the same as --only setup,env,data,suite (the suite stage runs only when
-                     named)
+  --suite            the suite alone (a rerun): --only setup,env,data,suite
   --keep-work        keep the temporary work folder (data, runs, exports)
 Environment: PYTHON (default: .venv/bin/python when the checkout has one, else python3),
 BERTFORGE_COMMIT (recorded when the tree has no .git), BERTFORGE_WHEELS (the wheel folder,
@@ -100,7 +101,7 @@ DRY_FLAG=()
 if ((DRY)); then
   DRY_FLAG=(--dry-run)
   export CUDA_VISIBLE_DEVICES=""
-  DEV=cpu BUDGET=${BUDGET:-900} SLUG=cpu-dry-run
+  DEV=cpu BUDGET=${BUDGET:-1200} SLUG=cpu-dry-run
   SMOKE_MODEL=bert-tiny PT_STEPS=3 PT_BATCH=(8 4) PT_PREC=bf16 PT_COMPILE=false WORKERS=1
   FT=(--train.max_steps=3 --train.global_batch_size=8 --train.micro_batch_size=8
       --data.max_seq_length=128 --data.doc_stride=32 --precision=fp32)
@@ -125,7 +126,7 @@ else
         --precision=bf16 --train.compile=false) GEN=(--num-beams 4 --max-length 40 --batch-size 8)
   FP16_MODEL=bert-small FP16_STEPS=40 FP16_BATCH=32
   BENCH=(--device cuda --precision bf16 --preset bert-large-uncased --num-batches 8 --warmup 3
-         --rounds 8 --steps-per-round 5)
+         --rounds 5 --steps-per-round 5)
   BATCH1=64 BATCH2=16
   RUNNER=(--model=bert-large-uncased --train.global_batch_size=128 --train.micro_batch_size=128
           --benchmark.warmup_steps=5 --benchmark.steps=15 --train.compile=true --precision=bf16)
@@ -147,7 +148,8 @@ fi
 RES=$RESULTS_ROOT/gpu-check-$SLUG-$DATE
 LOGS=$RES/logs
 rm -rf "$RES"
-mkdir -p "$RES" "$LOGS" "$WORK/runs"
+MARKS=$WORK/stages  # each stage's outcome (ok / failed), and a laned stage's line of the table
+mkdir -p "$RES" "$LOGS" "$WORK/runs" "$MARKS"
 STAGES_TSV=$RES/stages.tsv
 : >"$STAGES_TSV"
 SQUAD=$REPO/tests/assets/squad/v1_sample.json
@@ -155,11 +157,14 @@ XSUM=$REPO/tests/assets/summarization/xsum.jsonl
 D=$WORK/data
 
 # name : estimated seconds on one H100/H200 (measured 2026-11-27 plus margins, see
-# benchmarks/README.md) : cap in seconds
+# benchmarks/README.md) : cap in seconds [: lane]. Consecutive stages with a lane form a block:
+# each lane's stages run in order, the lanes side by side, and the block ends when all have.
+# The suite's estimate is the least worth starting it for; it takes what is left (its cap).
 PLAN=(
-  "setup:20:90" "env:8:60" "pytest:30:150" "data:15:150" "pretrain:55:180" "finetune:15:120"
-  "bart:40:120" "serve:12:90" "onnx:25:120" "fp16:16:120" "bench-phase1:100:210"
-  "bench-phase2:60:180" "runner:50:150" "suite:240:400:opt-in"
+  "setup:20:90"
+  "data:15:150:a" "pretrain:55:180:a" "finetune:15:120:a" "serve:12:90:a" "onnx:25:120:a"
+  "env:8:60:b" "pytest:30:150:b" "bart:40:120:b" "fp16:16:120:b"
+  "bench-phase1:90:210" "bench-phase2:50:180" "runner:50:150" "suite:90:400"
 )
 
 # --- the stages (each runs in a subshell with set -e; `tm` bounds a command by the stage's end) ---
@@ -245,7 +250,18 @@ stage_finetune() {
   gc check-finetune "$WORK/runs/qa" --output "$RES/finetune.json"
 }
 
+# A lane-b stage that needs the data of lane a waits for the data stage (when it runs at all).
+await_data() {
+  [ -z "$ONLY" ] || [[ $ONLY == *",data,"* ]] || return 0
+  until [ -f "$MARKS/data" ]; do
+    (($(date +%s) < STAGE_END)) || { echo "stage out of time waiting for the data stage"; return 124; }
+    sleep 1
+  done
+  [ "$(cat "$MARKS/data")" = ok ] || { echo "the data stage failed: nothing to run on"; return 1; }
+}
+
 stage_bart() {
+  await_data
   local steps
   steps=$(printf '%s\n' "${BART[@]}" | sed -n 's/^--train.max_steps=//p')
   bf pretrain --config debug/bart-tiny-cpu --data.path="$D/denoise" \
@@ -268,6 +284,7 @@ stage_onnx() {
 }
 
 stage_fp16() {
+  await_data
   pretrain_bert "$WORK/runs/fp16" "$FP16_STEPS" "$FP16_BATCH" "$FP16_BATCH" "$FP16_MODEL" fp16 \
     false --train.log_every=1 --train.eval_batches=0 --tensorboard=false
   gc check-pretrain "$WORK/runs/fp16" --steps "$FP16_STEPS" --fp16 --output "$RES/fp16.json"
@@ -339,8 +356,10 @@ stage_runner() {  # compiled (the GPU default), then eager: which one wins on th
 stage_suite() {
   local rc=0
   gc random-bert "$WORK/bert-body" --vocab "$D/vocab30522/vocab.txt" "${BODY[@]}"
+  # suite.py starts only the entries that fit in what is left, and bounds each by it
   tm "$PY" benchmarks/suite.py --device "$DEV" --quick "${SUITE[@]}" \
-    --bert-model "$WORK/bert-body" --out-dir "$RES/suite" --timeout 300 || rc=$?
+    --bert-model "$WORK/bert-body" --out-dir "$RES/suite" --timeout 300 \
+    --budget $((STAGE_END - $(date +%s) - 15)) || rc=$?
   gc suite-headline "$RES/suite/summary.json" --output "$RES/suite.json"
   return "$rc"
 }
@@ -350,11 +369,13 @@ summarize() {
   local extra=("$@")
   "${CHECK[@]}" summary --stages "$STAGES_TSV" --results "$RES" --logs "$LOGS" \
     --device "$SLUG" ${OUT_DIR:+--out "$OUT_DIR"} "${DRY_FLAG[@]}" "${extra[@]}" \
+    --wall-seconds "$(( ($(ms_now) - START_MS) / 1000 ))" \
     || echo "warning: the summary could not be written" >&2
 }
 
-run_stage() {  # NAME ESTIMATE CAP
-  local name=$1 est=$2 cap=$3 log=$LOGS/$1.log t0 rc status left
+run_stage() {  # NAME ESTIMATE CAP [LANE]  (in a lane: its line to a file of its own, no summary)
+  local name=$1 est=$2 cap=$3 lane=${4:-} log=$LOGS/$1.log t0 rc status left tsv=$STAGES_TSV
+  [ -z "$lane" ] || tsv=$MARKS/$name.tsv
   t0=$(ms_now)
   left=$((BUDGET - (t0 - START_MS) / 1000))
   if ((left < est)); then
@@ -372,12 +393,39 @@ run_stage() {  # NAME ESTIMATE CAP
   fi
   local secs
   secs=$(awk -v a="$t0" -v b="$(ms_now)" 'BEGIN { printf "%.1f", (b - a) / 1000 }')
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$secs" "$est" "$log" >>"$STAGES_TSV"
-  echo "   $status in ${secs}s: $("${CHECK[@]}" headline "$name" --results "$RES" 2>/dev/null \
-    || true)"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$secs" "$est" "$log" >>"$tsv"
+  [ "$rc" = 0 ] && echo ok >"$MARKS/$name" || echo failed >"$MARKS/$name"
+  echo "   $name: $status in ${secs}s: $("${CHECK[@]}" headline "$name" --results "$RES" \
+    2>/dev/null || true)"
   if [ "$rc" != 0 ]; then
-    echo "   --- last lines of $log:"; tail -n 25 "$log" | sed 's/^/   | /'
+    echo "   --- last lines of $log:"; tail -n 25 "$log" | sed "s/^/   $name | /"
   fi
+  [ -n "$lane" ] || summarize
+}
+
+selected() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
+
+run_block() {  # PLAN ENTRY... of one block: each lane's stages in order, the lanes side by side
+  local entry name est cap lane lanes=() pids=() l m
+  declare -A members=()
+  for entry in "$@"; do
+    IFS=: read -r name est cap lane <<<"$entry"
+    selected "$name" || continue
+    [[ " ${lanes[*]} " == *" $lane "* ]] || lanes+=("$lane")
+    members[$lane]+="$name:$est:$cap "
+  done
+  for l in "${lanes[@]}"; do
+    (for m in ${members[$l]}; do
+       IFS=: read -r name est cap <<<"$m"
+       run_stage "$name" "$est" "$cap" "$l"
+     done) &
+    pids+=($!)
+  done
+  for l in "${pids[@]}"; do wait "$l" || true; done
+  for entry in "$@"; do  # the stages file lists them in plan order
+    name=${entry%%:*}
+    if [ -f "$MARKS/$name.tsv" ]; then cat "$MARKS/$name.tsv" >>"$STAGES_TSV"; fi
+  done
   summarize
 }
 
@@ -387,24 +435,37 @@ for name in ${ONLY//,/ }; do
   [[ $names == *",$name,"* ]] || { echo "error: --only: no stage $name (stages:${names//,/ })" >&2
                                    exit 2; }
 done
-total=0
 echo "bertforge GPU check$( ((DRY)) && echo ' (DRY RUN: every stage on the CPU, tiny shapes)')"
 echo "python: $PY; results: $RES; budget ${BUDGET}s"
-echo "expected wall time on one H100 (measured stage times plus margins):"
+echo "expected wall time on one H100 (measured stage times plus margins; a block of lanes takes"
+echo "its longest lane):"
+total=0 block=()
+declare -A lane_total=()
+end_block() {  # the estimate of the block gathered so far: its longest lane
+  local longest=0 l
+  for l in "${!lane_total[@]}"; do ((lane_total[$l] <= longest)) || longest=${lane_total[$l]}; done
+  total=$((total + longest)) lane_total=()
+}
 for entry in "${PLAN[@]}"; do
-  IFS=: read -r name est cap optin <<<"$entry"
-  [ -z "$optin" ] || [[ $ONLY == *",$name,"* ]] || continue
-  printf '  %-14s ~%4ss  (limit %ss)\n' "$name" "$est" "$cap"
-  total=$((total + est))
+  IFS=: read -r name est cap lane <<<"$entry"
+  [ -n "$lane" ] || end_block
+  selected "$name" || continue
+  printf '  %-14s ~%4ss  (limit %ss)%s\n' "$name" "$est" "$cap" "${lane:+  lane $lane}"
+  if [ -n "$lane" ]; then lane_total[$lane]=$((${lane_total[$lane]:-0} + est))
+  else total=$((total + est)); fi
 done
+end_block
 printf '  %-14s ~%4ss  (%d min %02d s; plus ~5 s for summaries)\n' total "$total" \
   $((total / 60)) $((total % 60))
 
 for entry in "${PLAN[@]}"; do
-  IFS=: read -r name est cap optin <<<"$entry"
-  [ -z "$ONLY$optin" ] || [[ $ONLY == *",$name,"* ]] || continue
+  IFS=: read -r name est cap lane <<<"$entry"
+  if [ -n "$lane" ]; then block+=("$entry"); continue; fi
+  if ((${#block[@]})); then run_block "${block[@]}"; block=(); fi
+  selected "$name" || continue
   run_stage "$name" "$est" "$cap"
 done
+if ((${#block[@]})); then run_block "${block[@]}"; fi
 
 summarize --final --print
 elapsed=$(( ($(ms_now) - START_MS) / 1000 ))

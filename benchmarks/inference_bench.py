@@ -359,14 +359,16 @@ def request_body(workload: str, item: dict) -> bytes:
     return json.dumps(item).encode()
 
 
-def reference_server(model_dir: str) -> None:
+def reference_server(model_dir: str, dtype: str = "fp32") -> None:
     """The reference of issue 23: a plain loop over a transformers pipeline. One thread takes the
     requests in arrival order and answers each with ``transformers.pipeline("text-classification")``
     on its item, one at a time; a stdlib HTTP/1.1 server (a thread per connection, keep-alive)
     hands them over. One model thread, as in bertforge serve: torch's threads belong to the
     thread that calls it, so a pipeline called from each connection's thread would start a team
-    of worker threads per connection. Run as ``inference_bench.py --reference-server DIR``;
-    prints ``listening on URL``; SIGTERM stops it."""
+    of worker threads per connection. ``dtype`` bf16 loads the weights in bf16 (the
+    pipeline's ``dtype``), transformers' way to run a model in bf16. Run as
+    ``inference_bench.py --reference-server DIR [--reference-dtype bf16]``; prints
+    ``listening on URL``; SIGTERM stops it."""
     import json
     import queue
     from concurrent.futures import Future
@@ -376,7 +378,8 @@ def reference_server(model_dir: str) -> None:
 
     transformers.utils.logging.set_verbosity_error()
     pipe = transformers.pipeline("text-classification", model=model_dir, tokenizer=model_dir,
-                                 device="cpu")
+                                 device="cpu", dtype=torch.bfloat16 if dtype == "bf16"
+                                 else torch.float32)
     requests: queue.Queue = queue.Queue()
 
     def loop() -> None:
@@ -444,11 +447,12 @@ class Server:
                    args.server_threads)
 
     @classmethod
-    def reference(cls, model_dir: Path, log: Path, threads: int | None) -> "Server":
+    def reference(cls, model_dir: Path, log: Path, threads: int | None, dtype: str = "fp32"
+                  ) -> "Server":
         """The transformers loop with ``threads`` torch threads (None: torch's default, every
-        core)."""
+        core), its model in ``dtype`` (fp32 or bf16 weights)."""
         return cls([sys.executable, str(Path(__file__).resolve()), "--reference-server",
-                    str(model_dir)], log, threads)
+                    str(model_dir), "--reference-dtype", dtype], log, threads)
 
     def url(self) -> str:
         deadline = time.monotonic() + 180
@@ -554,17 +558,38 @@ def server_phase(url: str, workload: str, items: list[dict], clients: int, first
             "mean_queue_ms": 1000 * (after[2] - before[2]) / queued if queued else None}
 
 
+def classify_export(dirs: dict[str, Path], tmp: Path, int8: bool) -> Path:
+    """The classification model's ONNX export (with ``model.int8.onnx`` when ``int8``): the one
+    part 2 made when it holds what is needed, else a new one."""
+    from bertforge.export import export_onnx
+
+    made = tmp / "classify-onnx"
+    if (made / "model.onnx").is_file() and (not int8 or (made / "model.int8.onnx").is_file()):
+        return made
+    where = tmp / f"classify-onnx-server{'-int8' if int8 else ''}"
+    return export_onnx(dirs["classify"], where, quantize="int8" if int8 else None).output_dir
+
+
 def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
                   ) -> dict[str, dict[str, Server]]:
     """workload -> contestant -> its server. The classification servers answer both
     classification workloads; QA has no transformers reference (transformers 5 has no QA
-    pipeline)."""
+    pipeline). ``--server-variants`` beyond ``torch`` add, on the classification workloads,
+    ``bertforge serve --precision bf16`` (``bertforge-bf16``, with a transformers loop in bf16
+    beside it) and ``--backend onnx`` / ``onnx-int8`` on the classification model's export."""
     cls = {"bertforge": Server.bertforge(args, dirs["classify"], tmp / "serve-cls.log",
                                          "--truncation", "truncate"),
            "bertforge-no-batching": Server.bertforge(args, dirs["classify"],
                                                      tmp / "serve-cls-1.log", "--truncation",
                                                      "truncate", "--max-batch-items", "1"),
            "transformers-loop": Server.reference(dirs["classify"], tmp / "reference.log", None)}
+    onnx_backends = [b for b in args.server_variants if b.startswith("onnx")]
+    if onnx_backends:
+        export = classify_export(dirs, tmp, "onnx-int8" in onnx_backends)
+        for backend in onnx_backends:
+            cls[f"bertforge-{backend}"] = Server.bertforge(
+                args, export, tmp / f"serve-cls-{backend}.log", "--truncation", "truncate",
+                "--backend", backend)
     # The plain loop as a user runs it takes every core; with the threads bertforge serve
     # takes too, so that neither side's thread count decides the comparison.
     from bertforge.serve.execution import cores
@@ -573,6 +598,11 @@ def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
     if ours != (os.cpu_count() or 1):
         cls[f"transformers-loop-{ours}t"] = Server.reference(dirs["classify"],
                                                              tmp / "reference-t.log", ours)
+    if "bf16" in args.server_variants:
+        cls["bertforge-bf16"] = Server.bertforge(args, dirs["classify"], tmp / "serve-cls-bf16.log",
+                                                 "--truncation", "truncate", "--precision", "bf16")
+        cls[f"transformers-loop-bf16-{ours}t"] = Server.reference(
+            dirs["classify"], tmp / "reference-bf16.log", ours, "bf16")
     out: dict[str, dict[str, Server]] = {}
     for workload in args.server_workloads:
         if workload == "qa":
@@ -614,23 +644,29 @@ def _workload_summary(workload: str, phases: dict) -> dict:
     out: dict[str, Any] = {name: {load: _phase_summary(phases[workload, name, load])
                                   for load in LOADS} for name in contestants}
     ratios = {}
+    ours = [c for c in contestants if c.startswith("bertforge") and c != "bertforge-no-batching"]
     for load in LOADS:
         ratios[f"batching_over_no_batching/{load}"] = _ratio(
             phases, (workload, "bertforge", load), (workload, "bertforge-no-batching", load))
-        for other in contestants:
-            if other.startswith("transformers-loop"):
-                ratios[f"bertforge_over_{other.replace('-', '_')}/{load}"] = _ratio(
-                    phases, (workload, "bertforge", load), (workload, other, load))
+        for mine in ours:
+            for other in contestants:
+                if other.startswith("transformers-loop"):
+                    key = f"{mine}_over_{other}".replace("-", "_")
+                    ratios[f"{key}/{load}"] = _ratio(phases, (workload, mine, load),
+                                                     (workload, other, load))
     out["ratios"] = ratios
     if "transformers-loop" in contestants:
-        ours = phases[workload, "bertforge", "saturation"][-1]["answers"]
         theirs = phases[workload, "transformers-loop", "saturation"][-1]["answers"]
-        both = sorted(set(ours) & set(theirs))
-        same = [ours[i][0] == theirs[i][0] for i in both]
-        out["agreement_with_transformers"] = {
-            "items": len(both), "same_label_pct": round(100 * float(np.mean(same)), 1),
-            "max_abs_score_diff": float(max((abs(ours[i][1] - theirs[i][1])
-                                             for i, s in zip(both, same) if s), default=0.0))}
+        agree = {}
+        for mine in ours:
+            got = phases[workload, mine, "saturation"][-1]["answers"]
+            both = sorted(set(got) & set(theirs))
+            same = [got[i][0] == theirs[i][0] for i in both]
+            agree[mine] = {
+                "items": len(both), "same_label_pct": round(100 * float(np.mean(same)), 1),
+                "max_abs_score_diff": float(max((abs(got[i][1] - theirs[i][1])
+                                                 for i, s in zip(both, same) if s), default=0.0))}
+        out["agreement_with_transformers"] = agree  # per bertforge contestant
     return out
 
 
@@ -668,6 +704,7 @@ def run_server(args: argparse.Namespace, dirs: dict[str, Path], items: list[dict
     out: dict[str, Any] = {
         "clients": args.clients, "requests_per_client": args.requests,
         "requests_batch_1": args.requests_batch1, "max_wait_ms": args.max_wait_ms,
+        "variants": args.server_variants,
         "threads_per_server": args.threads, "exit_codes_after_sigterm": codes,
         "cpu_stall_pct_per_round": stalls,
         "workloads": {w: _workload_summary(w, phases) for w in servers}}
@@ -803,12 +840,18 @@ def main() -> None:
     ap.add_argument("--server-threads", type=int, default=None,
                     help="torch threads of bertforge serve (default: its own choice, every core "
                          "but one); the reference runs with every core and with this count.")
+    ap.add_argument("--server-variants", default="torch",
+                    help="Comma-separated bertforge servers on the classification workloads: "
+                         "torch (always), bf16 (--precision bf16, with a transformers loop in "
+                         "bf16 beside it), onnx, onnx-int8 (--backend).")
     ap.add_argument("--max-wait-ms", type=float, default=5.0,
                     help="The server's batching window (its upper bound).")
     ap.add_argument("--no-server", action="store_true", help="Skip part 3.")
     ap.add_argument("--server-only", action="store_true",
                     help="Part 3 only (no predict or ONNX variants).")
     ap.add_argument("--reference-server", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--reference-dtype", default="fp32", choices=("fp32", "bf16"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true",
                     help="A quick check: --items 8 --batch 8 --rounds 1 --requests 2 "
                          "--requests-batch1 8 --server-rounds 1.")
@@ -824,7 +867,7 @@ def main() -> None:
     from bertforge.errors import ConfigError
 
     if args.reference_server:  # torch's threads: OMP_NUM_THREADS when given, else every core
-        return reference_server(args.reference_server)
+        return reference_server(args.reference_server, args.reference_dtype)
     if args.quick:
         args.items, args.batch, args.rounds, args.requests, args.server_rounds = 8, 8, 1, 2, 1
         args.requests_batch1 = 8
@@ -840,6 +883,11 @@ def main() -> None:
     if not args.server_workloads or set(args.server_workloads) - set(WORKLOADS):
         raise ConfigError(f"--server-workloads {','.join(args.server_workloads)!r}: choose from "
                           f"{', '.join(WORKLOADS)}")
+    args.server_variants = list(dict.fromkeys(
+        ["torch", *(v.strip() for v in args.server_variants.split(",") if v.strip())]))
+    if set(args.server_variants) - {"torch", "bf16", "onnx", "onnx-int8"}:
+        raise ConfigError(f"--server-variants {','.join(args.server_variants)!r}: choose from "
+                          "torch, bf16, onnx, onnx-int8")
     if args.server_only and args.no_server:
         raise ConfigError("--server-only and --no-server exclude each other")
     if args.device == "cuda" and not torch.cuda.is_available():

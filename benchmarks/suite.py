@@ -150,14 +150,14 @@ def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
                *(["--tasks", "mrpc", "--steps", "5", "--warmup", "2", "--repeats", "2"] if quick
                  else ["--steps", "20", "--warmup", "5", "--repeats", "5"])],
               "finetune", output_flag="--out"),
-        Entry("inference", "inference_bench.py",
-              ["--device", "cuda", "--batch", "32", "--items", "64", "--clients", "32",
-               *(["--quick"] if quick else [])], "inference"),
         Entry("bart-base", "bart_bench.py",
               ["--device", "cuda", "--precision", "bf16", "--preset", "bart-base", "--batch", "64",
                "--lengths", "random", "--compile",
                *(["--rounds", "2", "--gen-texts", "4"] if quick else ["--gen-texts", "32"])],
               "bart"),
+        Entry("inference", "inference_bench.py",
+              ["--device", "cuda", "--batch", "32", "--items", "64", "--clients", "32",
+               *(["--quick"] if quick else [])], "inference"),
     ]
     if not quick:
         entries.append(Entry("bart-large", "bart_bench.py",
@@ -198,8 +198,15 @@ def select(entries: list[Entry], only: str | None) -> list[Entry]:
     return picked
 
 
-def run_entry(entry: Entry, out_dir: Path, timeout: float | None) -> None:
-    """Run one benchmark in a subprocess; record status, seconds, result file and output tail."""
+MIN_ENTRY_S = 20.0
+"""With ``--budget``, the least time left for which an entry still starts."""
+
+
+def run_entry(entry: Entry, out_dir: Path, timeout: float | None,
+              left: float | None = None) -> None:
+    """Run one benchmark in a subprocess; record status, seconds, result file and output tail.
+    ``left``: the seconds of ``--budget`` still unspent (None: no budget); under
+    ``MIN_ENTRY_S`` the entry is skipped, else it may run at most that long."""
     script = HERE / entry.script
     result = out_dir / f"{entry.name}.json"
     log = out_dir / f"{entry.name}.log"
@@ -212,6 +219,13 @@ def run_entry(entry: Entry, out_dir: Path, timeout: float | None) -> None:
                                                       "in this checkout")
         print(f"[suite] {entry.name}: SKIPPED (benchmarks/{entry.script} not found)", flush=True)
         return
+    if left is not None and left < MIN_ENTRY_S:
+        entry.outcome.update(status="skipped", reason=f"budget: {max(left, 0):.0f} s left")
+        print(f"[suite] {entry.name}: SKIPPED (the budget has {max(left, 0):.0f} s left)",
+              flush=True)
+        return
+    if left is not None:
+        timeout = left if timeout is None else min(timeout, left)
     print(f"[suite] {entry.name}: {entry.outcome['command']}", flush=True)
     t0 = time.perf_counter()
     with log.open("w", encoding="utf-8") as f:
@@ -588,6 +602,10 @@ def main() -> int:
                     "mean nothing.")
     ap.add_argument("--timeout", type=float, default=3600.0,
                     help="Seconds one entry may run before it counts as failed (default: 3600).")
+    ap.add_argument("--budget", type=float,
+                    help="Seconds for all entries together: each starts only while at least "
+                         f"{MIN_ENTRY_S:.0f} s are left and may run at most what is left; the "
+                         "rest are skipped and the exit status is 1 (default: no limit).")
     ap.add_argument("--out-dir", help="Where results go (default: benchmarks/results/"
                                       "<date>-<device>[-quick]/).")
     args = ap.parse_args()
@@ -625,7 +643,8 @@ def main() -> int:
                 entry.args += ["--model", args.bert_model]
     t0 = time.perf_counter()
     for entry in entries:
-        run_entry(entry, out_dir, args.timeout)
+        left = None if args.budget is None else args.budget - (time.perf_counter() - t0)
+        run_entry(entry, out_dir, args.timeout, left)
     summary = {
         "device": (torch.cuda.get_device_name(0) if kind == "cuda" else
                    f"CPU ({meta['machine']['cpu']}, {meta['machine']['cores']} cores)"),
@@ -643,7 +662,10 @@ def main() -> int:
     failed = [e.name for e in entries if e.outcome.get("status") == "failed"]
     if failed:
         print(f"[suite] FAILED: {', '.join(failed)} (see summary.md)", file=sys.stderr)
-    return 1 if failed else 0
+    short = [e.name for e in entries if e.outcome.get("reason", "").startswith("budget")]
+    if short:
+        print(f"[suite] NOT RUN for the budget: {', '.join(short)}", file=sys.stderr)
+    return 1 if failed or short else 0
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-STAGES = ["setup", "env", "pytest", "data", "pretrain", "finetune", "bart", "serve", "onnx",
-          "fp16", "bench-phase1", "bench-phase2", "runner"]
+STAGES = ["setup", "data", "pretrain", "finetune", "serve", "onnx", "env", "pytest", "bart", "fp16",
+          "bench-phase1", "bench-phase2", "runner", "suite"]  # the plan's order
 # The stages that run the benchmark scripts (compiled variants, the suite's entries): minutes on
 # a CPU, so `make test` leaves them to the ``long`` test below.
 BENCH_STAGES = ["bench-phase1", "bench-phase2", "suite"]
@@ -48,9 +48,12 @@ def dry_run(tmp_path: Path, stages: list[str]) -> tuple[Path, Path, str]:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_dry_run_passes_every_stage(tmp_path: Path) -> None:
-    """Every stage but the benchmark scripts' in one call (those: the ``long`` test below)."""
+    """Every stage but the benchmark scripts' in one call (those: the ``long`` test below), the
+    smoke stages in their two lanes side by side."""
     stages = [s for s in STAGES if s not in BENCH_STAGES]
     out, results, _ = dry_run(tmp_path, stages)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["wall_seconds"] < summary["total_seconds"]  # the lanes overlapped
     # The files that come back from a GPU machine: at most 8, flat in --out.
     names = {p.name for p in out.iterdir()}
     assert {"summary.json", "summary.md", "env.json", "runner-benchmark.json",
@@ -68,11 +71,11 @@ def test_dry_run_passes_every_stage(tmp_path: Path) -> None:
 @pytest.mark.long
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_dry_run_of_the_benchmark_stages(tmp_path: Path) -> None:
-    """The benchmark stages, the opt-in suite stage included (what ``--suite`` runs as a second
-    call on a GPU: the suite's fine-tuning, inference, BART and ModernBERT entries on a seeded
-    random BERT body), in one call after set-up, environment and data. Run it before a GPU run:
+    """The benchmark stages and the suite stage (the suite's fine-tuning, inference, BART and
+    ModernBERT entries on a seeded random BERT body), in one call after set-up, data and
+    environment. Run it before a GPU run:
     ``BERTFORGE_LONG_TESTS=1 pytest tests/integration/test_gpu_check.py``."""
-    out, results, _ = dry_run(tmp_path, ["setup", "env", "data", *BENCH_STAGES])
+    out, results, _ = dry_run(tmp_path, ["setup", "data", "env", *BENCH_STAGES])
     names = {p.name for p in out.iterdir()}
     assert {"summary.json", "summary.md", "env.json", "pretrain-bench-phase1.json",
             "pretrain-bench-phase2.json", "suite-summary.md", "logs.tar.gz"} == names

@@ -245,6 +245,26 @@ def test_lone_items_run_padded_and_batches_on_real_tokens(classify_dir: Path) ->
     assert BatchRunner(object())._unpadded == []  # a wrapper without a model: called as is
 
 
+def test_serve_precision_reaches_the_pipeline(classify_dir: Path) -> None:
+    """``serve --precision bf16`` on a CPU: the pipeline computes under bf16 autocast (what
+    /health shows), the same labels as fp32 and scores within bf16 rounding; ONNX backends
+    refuse it before loading anything."""
+    from bertforge.serve import serve
+    from bertforge.serve.replica_worker import ReplicaSpec, load_pipelines
+
+    fp32, _ = load_pipelines(classify_dir, None, "torch", "cpu", None, False)
+    bf16, _ = load_pipelines(classify_dir, None, "torch", "cpu", None, False, precision="bf16")
+    assert (fp32.describe()["precision"], bf16.describe()["precision"]) == ("fp32", "bf16")
+    want, got = (p([p.parse({"text": t}) for t in TEXTS]) for p in (fp32, bf16))
+    assert [w["label"] for w in want] == [g["label"] for g in got]
+    assert [g["score"] for g in got] == pytest.approx([w["score"] for w in want], abs=2e-2)
+    assert [g["score"] for g in got] != [w["score"] for w in want]  # it did run in bf16
+    assert ServeConfig(model="m", precision="bf16").precision == "bf16"
+    assert ReplicaSpec("m", None, "torch", None, False).precision == "auto"
+    with pytest.raises(ConfigError, match="--precision bf16: the onnx backend"):
+        serve(classify_dir, backend="onnx", precision="bf16")
+
+
 @pytest.fixture
 def served(classify_dir: Path) -> Iterator[str]:
     from bertforge.serve.app import create_app

@@ -26,13 +26,14 @@ PARENT_POLL_S = 0.5  # how often a replica checks that the server process is sti
 
 def load_pipelines(model_dir: Path, task: str | None, backend: str, device: str,
                    truncation: str | None, embeddings: bool,
-                   threads: int | None = None) -> tuple[Any, Any]:
+                   threads: int | None = None, precision: str = "auto") -> tuple[Any, Any]:
     """The task pipeline and, unless it already is one, a feature-extraction pipeline for
     ``/v1/embeddings`` (``None`` when ``embeddings`` is false or the backend is ONNX).
-    ``threads``: onnxruntime's intra-op threads (None: its default, every core)."""
+    ``threads``: onnxruntime's intra-op threads (None: its default, every core); ``precision``:
+    the torch backend's (``load_pipeline``'s)."""
     from bertforge.inference.pipelines import load_pipeline
 
-    options: dict = {"device": device, "truncation": truncation}
+    options: dict = {"device": device, "truncation": truncation, "precision": precision}
     if backend != "torch":
         from bertforge.export.runtime import OnnxModel
 
@@ -55,6 +56,7 @@ class ReplicaSpec:
     backend: str
     truncation: str | None
     embeddings: bool
+    precision: str = "auto"
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -130,7 +132,8 @@ def replica_main(spec: ReplicaSpec, device: str, threads: int | None, conn: Conn
         if device.startswith("cuda:"):  # no stray context (and memory) on GPU 0 from any replica
             torch.cuda.set_device(torch.device(device))
         pipeline, extractor = load_pipelines(Path(spec.model_dir), spec.task, spec.backend,
-                                             device, spec.truncation, spec.embeddings)
+                                             device, spec.truncation, spec.embeddings,
+                                             precision=spec.precision)
     except Exception as exc:
         first = (str(exc).splitlines() or [""])[0]
         conn.send(("failed", first if isinstance(exc, UserError) else
