@@ -444,6 +444,25 @@ def test_cuda_unpadded_bert_trains_like_the_padded_one_in_bf16() -> None:
         assert rel_err(grads_b[name], grads_a[name].float()) < 5e-2, name
 
 
+def test_cpu_bf16_inference_attends_in_bf16_unless_a_float_bias() -> None:
+    """Without autograd a bool mask (or none) keeps bf16 on a CPU (the forward kernel is faster
+    in bf16); a float bias still takes the fp32 detour, with autograd or without."""
+    from bertforge.ops.attention import sdpa
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 8).bfloat16() for _ in range(3))
+    keep = torch.rand(2, 1, 1, 6) > 0.3
+    keep[..., 0] = True
+    bias = torch.randn(2, 1, 6, 6)
+    F = torch.nn.functional
+    with torch.no_grad():
+        for mask in (None, keep):
+            assert torch.equal(sdpa(q, k, v, mask, 0.0),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias)
+        assert torch.equal(sdpa(q, k, v, bias, 0.0), want.bfloat16())
+
+
 @pytest.mark.parametrize("case", ["causal", "bias"])
 def test_cpu_half_precision_sdpa_takes_causal_and_float_bias(case) -> None:
     """BART's causal attention and ModernBERT's window bias go through the same fp32 detour on a

@@ -71,19 +71,24 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
          dropout_p: float, is_causal: bool = False) -> torch.Tensor:
     """``scaled_dot_product_attention`` in SDPA's layout (``mask``: bool keep mask or an additive
     float bias). On a CPU, bf16/fp16 inputs are attended in fp32 (autocast off) and the result
-    is cast back: PyTorch's CPU attention kernels are slower in half precision than in fp32
-    (forward and backward 2.3x slower in bf16 at BERT-mini's shapes, on a CPU whose bf16 matrix
-    units make the linear layers 7x faster; docs/performance.md), while the matrix products
-    around them keep their half precision. With dropout on a CPU (training), where PyTorch has
-    no fused kernel and takes its math path, :func:`_cpu_dropout_attention` does that math
-    with the cheap dropout mask."""
+    is cast back whenever autograd records: PyTorch's CPU attention kernels are slower in half
+    precision than in fp32 forward and backward (2.3x slower in bf16 at BERT-mini's shapes, on
+    a CPU whose bf16 matrix units make the linear layers 7x faster; docs/performance.md), while
+    the matrix products around them keep their half precision. Without autograd (inference)
+    and without a float bias, bf16 stays bf16: the forward kernel alone is faster in bf16
+    (1.3-1.8x at BERT's shapes, one core). A float bias (BART's, ModernBERT's windows) keeps
+    the fp32 detour: its -inf and fp32 extremes do not all survive a cast to bf16.
+    With dropout on a CPU (training), where PyTorch has no fused kernel and takes its math
+    path, :func:`_cpu_dropout_attention` does that math with the cheap dropout mask."""
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               is_causal=is_causal)
     dtype = q.dtype
-    if dtype in (torch.float16, torch.bfloat16):
+    biased = mask is not None and mask.is_floating_point()
+    if dtype == torch.float16 or (dtype == torch.bfloat16 and (torch.is_grad_enabled()
+                                                               or biased)):
         q, k, v = q.float(), k.float(), v.float()
-        if mask is not None and mask.is_floating_point():
+        if biased:
             mask = mask.float()
     with torch.autocast("cpu", enabled=False):  # autocast would cast SDPA's inputs back
         if dropout_p > 0.0 and not torch.compiler.is_compiling():
