@@ -204,6 +204,18 @@ def test_evaluate_only_without_training_data(tiny_bert: Path, tmp_path: Path) ->
         f"--data.validation={MRPC}", f"--output_dir={tmp_path / 'eval'}"]))
     assert result.validation == pytest.approx(
         json.loads((trained / "eval_results.json").read_text()))
+    # In bf16 an evaluation-only model stores its linear weights in bf16 once (what autocast
+    # would give each batch); the predictions stay those of fp32 here.
+    from bertforge.tasks.finetune import build_task
+    from bertforge.train.distributed import init_distributed
+
+    cfg = load_config(FinetuneConfig, None, [
+        "--task=glue", "--data.task_name=mrpc", f"--model={trained}", "--precision=bf16",
+        f"--data.validation={MRPC}", f"--output_dir={tmp_path / 'eval-bf16'}"])
+    model, precision = build_task(cfg, init_distributed()).evaluation_model()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert precision.name == "bf16" and {m.weight.dtype for m in linears} == {torch.bfloat16}
+    assert finetune(cfg).validation["accuracy"] == result.validation["accuracy"]
 
 
 def test_multiple_choice_counts_examples_not_choices(tiny_bert: Path, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from bertforge.ops import linear as linear_module
-from bertforge.ops.linear import ACTIVATIONS, Linear
+from bertforge.ops.linear import ACTIVATIONS, Linear, cast_linears
 
 FUSED = linear_module._fused_available()
 
@@ -77,7 +77,6 @@ def test_cast_linears_rounds_as_autocast_does(monkeypatch: pytest.MonkeyPatch) -
     """Linear weights stored in bf16 give exactly what autocast computes from fp32 weights (the
     fused operator, whose one rounding differs, switched off here); a decoder tied to the word
     embeddings and every other parameter keep fp32."""
-    from bertforge.inference.pipelines.loading import cast_linears
     from bertforge.models import BertConfig, BertForMaskedLM
 
     monkeypatch.setattr(linear_module, "_fused_dtype", lambda *args: None)

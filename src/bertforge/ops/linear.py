@@ -14,7 +14,7 @@ the same to float rounding.
 autograd (evaluation, prediction, serving), no autocast, not while ``torch.compile``,
 ``torch.export`` or the TorchScript exporter trace the model, and a PyTorch built with oneDNN.
 Pipelines in bf16 take it too: their linear weights are stored in bf16
-(``inference.pipelines.loading.cast_linears``) and they run under CPU autocast to bf16, which
+(:func:`cast_linears`) and they run under CPU autocast to bf16, which
 would compute the product in bf16 anyway; fused, the bias and GELU are applied before the one
 rounding to bf16 (1,400 tokens, 384 -> 1,536 + GELU: 14.1 ms against 18.9 ms, one core).
 Everywhere else it is ``nn.Linear`` followed by the activation. Parameter names and the state
@@ -53,7 +53,7 @@ def _fused_available(dtype: torch.dtype = torch.float32) -> bool:
 def _fused_dtype(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                  ) -> torch.dtype | None:
     """The dtype the fused path computes in here, or None where it does not apply: fp32 without
-    autocast, or bf16 weights (``inference.pipelines.loading.cast_linears``) under CPU autocast
+    autocast, or bf16 weights (:func:`cast_linears`) under CPU autocast
     to bf16, which would compute this layer in bf16 too."""
     if (x.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling()
             or torch.jit.is_tracing() or torch.jit.is_scripting()
@@ -86,4 +86,24 @@ class Linear(nn.Linear):
         return out if activation is None else ACTIVATIONS[activation][0](out)
 
 
-__all__ = ["ACTIVATIONS", "Linear"]
+def cast_linears(model: nn.Module, dtype: torch.dtype) -> None:
+    """Store the weights and biases of ``model``'s linear layers in ``dtype`` (bf16 / fp16), for
+    a model that only ever runs under autocast to ``dtype``. Autocast casts them from fp32 at
+    every forward pass; cast once, they round to the same values, so the outputs are the same
+    and each pass skips reading every weight in fp32 and writing its copy (on one core, a bf16
+    classification pass over 8 question-paragraph pairs took 184 instead of 197 ms, medians of
+    32). A parameter another module shares (a decoder tied to the word embeddings) keeps its
+    dtype."""
+    uses: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            uses[id(param)] = uses.get(id(param), 0) + 1
+    for module in model.modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        for param in (module.weight, module.bias):
+            if param is not None and param.dtype == torch.float32 and uses[id(param)] == 1:
+                param.data = param.data.to(dtype)
+
+
+__all__ = ["ACTIVATIONS", "Linear", "cast_linears"]

@@ -41,6 +41,7 @@ from bertforge.data.collate.sequences import SEQUENCE_KEYS, SequenceFeatures
 from bertforge.data.loader import PretrainingLoader
 from bertforge.errors import ConfigError, DataError
 from bertforge.models.loading import ModelSource, open_model
+from bertforge.ops.linear import cast_linears
 from bertforge.tasks.base import steps_for_epochs
 from bertforge.tokenization import load_tokenizer
 from bertforge.train.distributed import DistInfo
@@ -380,6 +381,15 @@ class EncoderTask(FinetuneTask):
     @abstractmethod
     def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
         """What evaluation keeps of a forward pass: (B, ...) tensors, sequences padded."""
+
+    def evaluation_model(self) -> tuple[nn.Module, Any]:
+        """As :meth:`FinetuneTask.evaluation_model`; a model that is only evaluated, in bf16 or
+        fp16, stores its linear weights in that dtype once (``ops.linear.cast_linears``: the
+        values autocast would give each pass, without the cast at every batch)."""
+        model, precision = super().evaluation_model()
+        if precision.dtype is not None:
+            cast_linears(model, precision.dtype)
+        return model, precision
 
     def collect(self, model: nn.Module,
                 autocast: Callable[[], ContextManager]) -> dict[str, Any]:

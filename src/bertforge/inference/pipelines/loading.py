@@ -14,6 +14,7 @@ from bertforge.errors import ConfigError, DataError
 from bertforge.inference.pipelines.base import Pipeline, TRUNCATION
 from bertforge.models.loading import ModelSource, load_model, model_directory, open_model
 from bertforge.models.registry import family_of_architecture
+from bertforge.ops.linear import cast_linears
 from bertforge.tasks.registry import (TaskSpec, check_model_fits_task, get_task, task_names,
                                       task_of_finetuned, task_of_head)
 from bertforge.tokenization import load_tokenizer
@@ -60,31 +61,12 @@ def _load_model(spec: TaskSpec, source: ModelSource, device: torch.device,
     An encoder-decoder's feature extraction runs its encoder alone. Encoders run on the real
     tokens of a batch only (``train.parallelize.set_unpadding``): the same outputs at real
     tokens, no work on the padding of mixed-length batches. ``half``: the autocast dtype the
-    pipeline runs in, if any (:func:`cast_linears`)."""
+    pipeline runs in, if any (``ops.linear.cast_linears``)."""
     model = load_model(source, spec.head, device=device)
     set_unpadding(model, True)
     if half is not None and not source.family.seq2seq:
         cast_linears(model, half)
     return model.encoder if spec.name == "feature-extraction" and source.family.seq2seq else model
-
-
-def cast_linears(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Store the weights and biases of ``model``'s linear layers in ``dtype`` (bf16 / fp16), for
-    a model that only ever runs under autocast to ``dtype``. Autocast casts them from fp32 at
-    every forward pass; cast once, they round to the same values, so the outputs are the same
-    and each pass skips reading every weight in fp32 and writing its copy (on a CPU, ~15% of a
-    bf16 classification pass over question-paragraph pairs). A parameter another module shares
-    (a decoder tied to the word embeddings) keeps its dtype."""
-    uses: dict[int, int] = {}
-    for module in model.modules():
-        for param in module.parameters(recurse=False):
-            uses[id(param)] = uses.get(id(param), 0) + 1
-    for module in model.modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        for param in (module.weight, module.bias):
-            if param is not None and param.dtype == torch.float32 and uses[id(param)] == 1:
-                param.data = param.data.to(dtype)
 
 
 def _run_settings(model_dir: Path, spec: TaskSpec, cls: type[Pipeline]) -> dict[str, Any]:
