@@ -376,7 +376,8 @@ def main() -> None:
     report = {"benchmark": f"finetune-epoch-{args.task}", **metadata(["accelerate"]), "settings": {
         "task": args.task, "model": str(model), "epochs": args.epochs, "seeds": seeds,
         "recipe": RECIPE, "max_seq_length": LENGTHS[args.task], "threads": args.threads,
-        "precision": "fp32", "bf16_eval": args.bf16_eval}, "seeds": results, "summary": summary(results, args.task)}
+        "precision": "fp32", "bf16_eval": args.bf16_eval}, "seeds": results,
+        "summary": summary(results, args.task)}
     path = result_path(f"finetune-epoch-{args.task}-cpu", args.out)
     write_result(path, report)
     print(json.dumps(report["summary"], indent=1))

@@ -93,7 +93,8 @@ def run_serve(cfg: ServeConfig) -> int:
     return serve(Path(cfg.model), host=cfg.host, port=cfg.port, task=cfg.task,
                  backend=cfg.backend, api_key=cfg.api_key, truncation=cfg.truncation,
                  device=cfg.device, embeddings=not cfg.no_embeddings, log_level=cfg.log_level,
-                 replicas=cfg.replicas, precision=cfg.precision, **{name: getattr(cfg, name) for name in SETTING_NAMES})
+                 replicas=cfg.replicas, precision=cfg.precision,
+                 **{name: getattr(cfg, name) for name in SETTING_NAMES})
 
 
 @dataclass
