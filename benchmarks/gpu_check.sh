@@ -254,7 +254,7 @@ stage_finetune() {
 await_data() {
   [ -z "$ONLY" ] || [[ $ONLY == *",data,"* ]] || return 0
   until [ -f "$MARKS/data" ]; do
-    (($(date +%s) < STAGE_END)) || { echo "stage out of time waiting for the data stage"; return 124; }
+    (($(date +%s) < STAGE_END)) || { echo "stage out of time waiting for data"; return 124; }
     sleep 1
   done
   [ "$(cat "$MARKS/data")" = ok ] || { echo "the data stage failed: nothing to run on"; return 1; }
