@@ -159,9 +159,9 @@ def bertforge_evaluate(task: str, model: Path, heldout: Path, out: Path,
 
     cfg = bertforge_config(task, model, None, heldout, out, 0, 1.0, precision)
     evaluation = build_task(cfg, init_distributed())
-    trained, precision = evaluation.evaluation_model()
+    trained, numerics = evaluation.evaluation_model()
     t0 = time.perf_counter()
-    metrics = evaluation.evaluate(trained, precision.autocast)
+    metrics = evaluation.evaluate(trained, numerics.autocast)
     return {"seconds": time.perf_counter() - t0, "metrics": metrics,
             "features": len(evaluation.features.evaluation.features)}
 
