@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bertforge.data.masking import _random_ordinary_ids, sample_rng
+from bertforge.data.noise_statistics import noise_statistics
 from bertforge.data.noising import (
     DEFAULT_NOISE,
     NoiseSpec,
@@ -21,7 +22,6 @@ from bertforge.data.noising import (
     check_noise_spec,
     delete_tokens,
     noise,
-    noise_statistics,
     permute_sentences,
     poisson_span_lengths,
 )

@@ -129,8 +129,8 @@ def _denoise_samples(ds: native.NativeDataset, split: str, tok: Any, picks: list
     """Original and noised text of ``picks`` (the loader's epoch-0 draws with ``seed`` and the
     default noise recipe), then noise statistics over up to ``STATISTICS_SAMPLES`` documents."""
     from bertforge.config import NoiseConfig
-    from bertforge.data.noising import noise_statistics
     from bertforge.data.collate.seq2seq import DenoisingBatchMaker
+    from bertforge.data.noise_statistics import noise_statistics
     from bertforge.tasks.denoise import noise_vocab
 
     if tok is None:
