@@ -315,31 +315,31 @@ def quality_summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
 def summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
     metric = "accuracy" if task == "mrpc" else "f1"
 
-    def series(side: str, get: Any) -> list[float]:
-        return [get(r[side]) for r in seeds.values()]
+    def sides(get: Any) -> dict[str, list[float]]:
+        return {s: [get(r[s]) for r in seeds.values()] for s in ("bertforge", "hf")}
 
-    train = {s: series(s, lambda r: r["train_seconds"]) for s in ("bertforge", "hf")}
-    evals = {s: series(s, lambda r: r["evaluation"]["seconds"]) for s in ("bertforge", "hf")}
-    quality = {s: series(s, lambda r: r["evaluation"]["metrics"][metric])
-               for s in ("bertforge", "hf")}
+    def medians(values: dict[str, list[float]]) -> dict[str, float]:
+        return {s: statistics.median(v) for s, v in values.items()}
+
+    def speedups(seconds: dict[str, list[float]]) -> list[float]:
+        return [h / b for b, h in zip(seconds["bertforge"], seconds["hf"])]
+
+    train = sides(lambda r: r["train_seconds"])
+    evals = sides(lambda r: r["evaluation"]["seconds"])
+    quality = sides(lambda r: r["evaluation"]["metrics"][metric])
     bf16 = {}
     if all("evaluation_bf16" in r[s] for r in seeds.values() for s in ("bertforge", "hf")):
-        seconds = {s: series(s, lambda r: r["evaluation_bf16"]["seconds"])
-                   for s in ("bertforge", "hf")}
-        bf16 = {"eval_bf16_seconds_median": {s: statistics.median(v) for s, v in seconds.items()},
-                "eval_bf16_speedup_median": statistics.median(
-                    h / b for b, h in zip(seconds["bertforge"], seconds["hf"])),
-                f"heldout_{metric}_bf16": {s: series(s, lambda r: r["evaluation_bf16"]["metrics"]
-                                                      [metric]) for s in ("bertforge", "hf")}}
+        seconds = sides(lambda r: r["evaluation_bf16"]["seconds"])
+        bf16 = {"eval_bf16_seconds_median": medians(seconds),
+                "eval_bf16_speedup_median": statistics.median(speedups(seconds)),
+                f"heldout_{metric}_bf16": sides(lambda r: r["evaluation_bf16"]["metrics"][metric])}
     return {
         "heldout": quality_summary(seeds, task),
-        "train_seconds_median": {s: statistics.median(v) for s, v in train.items()},
-        "train_speedup_per_seed": [h / b for b, h in zip(train["bertforge"], train["hf"])],
-        "train_speedup_median": statistics.median(h / b for b, h in zip(train["bertforge"],
-                                                                        train["hf"])),
-        "eval_seconds_median": {s: statistics.median(v) for s, v in evals.items()},
-        "eval_speedup_median": statistics.median(h / b for b, h in zip(evals["bertforge"],
-                                                                       evals["hf"])),
+        "train_seconds_median": medians(train),
+        "train_speedup_per_seed": speedups(train),
+        "train_speedup_median": statistics.median(speedups(train)),
+        "eval_seconds_median": medians(evals),
+        "eval_speedup_median": statistics.median(speedups(evals)),
         f"heldout_{metric}": quality,
         f"heldout_{metric}_mean": {s: statistics.fmean(v) for s, v in quality.items()},
         **bf16,

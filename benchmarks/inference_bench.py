@@ -558,16 +558,13 @@ def server_phase(url: str, workload: str, items: list[dict], clients: int, first
             "mean_queue_ms": 1000 * (after[2] - before[2]) / queued if queued else None}
 
 
-def classify_export(dirs: dict[str, Path], tmp: Path, int8: bool) -> Path:
-    """The classification model's ONNX export (with ``model.int8.onnx`` when ``int8``): the one
-    part 2 made when it holds what is needed, else a new one."""
-    from bertforge.export import export_onnx
-
+def classify_export(dirs: dict[str, Path], tmp: Path) -> Path:
+    """The classification model's ONNX export with its int8 copy: part 2's when it made one,
+    else made now the same way."""
     made = tmp / "classify-onnx"
-    if (made / "model.onnx").is_file() and (not int8 or (made / "model.int8.onnx").is_file()):
+    if (made / "model.onnx").is_file():
         return made
-    where = tmp / f"classify-onnx-server{'-int8' if int8 else ''}"
-    return export_onnx(dirs["classify"], where, quantize="int8" if int8 else None).output_dir
+    return export_models({"classify": dirs["classify"]}, tmp)[0]["classify"]
 
 
 def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
@@ -585,7 +582,7 @@ def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
            "transformers-loop": Server.reference(dirs["classify"], tmp / "reference.log", None)}
     onnx_backends = [b for b in args.server_variants if b.startswith("onnx")]
     if onnx_backends:
-        export = classify_export(dirs, tmp, "onnx-int8" in onnx_backends)
+        export = classify_export(dirs, tmp)
         for backend in onnx_backends:
             cls[f"bertforge-{backend}"] = Server.bertforge(
                 args, export, tmp / f"serve-cls-{backend}.log", "--truncation", "truncate",
