@@ -4,17 +4,26 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # CI and CPU machines take the CPU build; GPU users may run `make TORCH=torch ...` for a CUDA build.
 TORCH  ?= torch==2.13.0
+# What `make demo` and `make test` need. The benchmarks' extra (datasets with pyarrow and pandas:
+# ~300 MB more) is `make install-bench`; CI never installs it.
+EXTRAS ?= test,realweights
+# No wheel cache: it would hold a second copy of every wheel (torch's alone is ~200 MB).
+export PIP_NO_CACHE_DIR = 1
 
-.PHONY: demo test install clean
+.PHONY: demo test install install-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
 	$(PY) -m pip install -qq "$(TORCH)"
-	$(PY) -m pip install -qq -e ".[test,realweights,bench]"
+	$(PY) -m pip install -qq -e ".[$(EXTRAS)]"
 	touch $@
 
 install: $(VENV)/.installed
+
+# benchmarks/ (transformers' Trainer fed by datasets beside bertforge) and the `long` GPU-check test.
+install-bench: install
+	$(PY) -m pip install -qq -e ".[bench]"
 
 demo: install
 	$(VENV)/bin/bertforge demo --workdir build/demo
