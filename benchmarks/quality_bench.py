@@ -161,6 +161,7 @@ def run_pretrain(args: list[str], log: Path, limit: float = math.inf) -> float:
     """``bertforge pretrain ARGS`` in a subprocess; its wall seconds (output to ``log``). At
     ``limit`` seconds it gets SIGTERM: the run saves a checkpoint at the next step and exits."""
     t0 = time.perf_counter()
+    stopped = False
     with log.open("w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "bertforge.cli", "pretrain", *args],
                                 stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -168,8 +169,12 @@ def run_pretrain(args: list[str], log: Path, limit: float = math.inf) -> float:
             proc.wait(timeout=None if math.isinf(limit) else limit)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGTERM)
+            stopped = True
             proc.wait()
-    if proc.returncode != 0:
+    # Our SIGTERM may also land after the run's last checkpoint, while the process exits (no
+    # handler then): killed by it is then a finished run, whose newest checkpoint is the model.
+    if proc.returncode != 0 and not (stopped and proc.returncode in (-signal.SIGTERM,
+                                                                     128 + signal.SIGTERM)):
         raise SystemExit(f"pretrain failed (exit {proc.returncode}); see {log}")
     return time.perf_counter() - t0
 
