@@ -217,6 +217,35 @@ def hf_rows(features: Any, rows: np.ndarray, keys: tuple[str, ...]) -> dict[str,
     return cols
 
 
+class Rows:
+    """Row dicts by index, what the Trainer and a DataLoader need of a dataset: the stand-in for
+    ``datasets.Dataset`` where that package is not installed (the GPU check ships no wheel of it:
+    datasets brings pyarrow, over the size the check may carry)."""
+
+    def __init__(self, columns: dict[str, list]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {k: v[i] for k, v in self.columns.items()}
+
+    def select(self, indices: Any) -> "Rows":
+        return Rows({k: [v[i] for i in indices] for k, v in self.columns.items()})
+
+
+def hf_dataset(columns: dict[str, list]) -> Any:
+    """The transformers side's dataset of ``hf_rows`` columns: a ``datasets.Dataset`` (as users
+    feed the Trainer), or :class:`Rows` without the datasets package; result files name the
+    datasets version they ran with (null: Rows)."""
+    try:
+        import datasets
+    except ImportError:
+        return Rows(columns)
+    return datasets.Dataset.from_dict(columns)
+
+
 def training_order(loader: Any, count: int) -> list[np.ndarray]:
     """The first ``count`` micro-batches (feature indices) bertforge's loader yields, read from its
     public epoch plan (one rank, no accumulation: one micro-batch per global batch)."""
@@ -314,7 +343,6 @@ def loss_check(task: Any, ours: Any, theirs: Any, batch: dict, device: Any) -> d
 
 def prepare(task_name: str, args: argparse.Namespace, device: Any, hf_tok: Any,
             tmp: Path) -> Prepared:
-    import datasets
     import transformers
 
     from bertforge.data.collate.sequences import SequenceFeatures
@@ -334,7 +362,7 @@ def prepare(task_name: str, args: argparse.Namespace, device: Any, hf_tok: Any,
     features = task.train.dataset
     order = training_order(task.train, args.warmup + args.steps)
     rows = np.concatenate(order)
-    train_ds = datasets.Dataset.from_dict(hf_rows(features, rows, keys))
+    train_ds = hf_dataset(hf_rows(features, rows, keys))
     collator = transformers.DataCollatorWithPadding(hf_tok, pad_to_multiple_of=8,
                                                     return_tensors="pt")
     checks: dict[str, Any] = {"training_batches_identical": check_batches(
@@ -351,7 +379,7 @@ def prepare(task_name: str, args: argparse.Namespace, device: Any, hf_tok: Any,
     evaluated = rebuilt.features.evaluation.features
     n_eval = min(len(evaluated), args.eval_batches * args.eval_batch)
     eval_features = SequenceFeatures({k: v[:n_eval] for k, v in evaluated.arrays.items()})
-    eval_ds = datasets.Dataset.from_dict(hf_rows(eval_features, np.arange(n_eval), SEQ_KEYS))
+    eval_ds = hf_dataset(hf_rows(eval_features, np.arange(n_eval), SEQ_KEYS))
     del ours, rebuilt
     return Prepared(
         name=task_name, cfg=cfg, start_dir=start_dir, train_ds=train_ds,
@@ -805,9 +833,12 @@ def main() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    import datasets
-
-    datasets.disable_progress_bars()
+    try:
+        import datasets
+    except ImportError:  # the transformers side then reads Rows (hf_dataset)
+        pass
+    else:
+        datasets.disable_progress_bars()
     torch.set_num_threads(args.threads)
     meta = metadata(["accelerate"])
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(args.model))

@@ -170,14 +170,14 @@ def bertforge_evaluate(task: str, model: Path, heldout: Path, out: Path,
 
 
 def hf_dataset(features: Any, keys: tuple[str, ...]) -> Any:
-    """bertforge's encoded rows as a ``datasets.Dataset`` cut to their real lengths: the token ids
-    transformers' tokenizer makes of the same text (finetune_bench.py checks this for MRPC), so
-    both sides learn from the same inputs and differ only in how they batch and run them."""
-    import datasets
-
+    """bertforge's encoded rows as a ``datasets.Dataset`` (``finetune_bench.Rows`` without that
+    package) cut to their real lengths: the token ids transformers' tokenizer makes of the same
+    text (finetune_bench.py checks this for MRPC), so both sides learn from the same inputs and
+    differ only in how they batch and run them."""
+    from finetune_bench import hf_dataset as columns_dataset
     from finetune_bench import hf_rows
 
-    return datasets.Dataset.from_dict(hf_rows(features, np.arange(len(features)), keys))
+    return columns_dataset(hf_rows(features, np.arange(len(features)), keys))
 
 
 def hf_trainer(task: str, model_dir: Path, train: Any, out: Path, seed: int, epochs: float,
