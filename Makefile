@@ -21,7 +21,8 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# benchmarks/ (transformers' Trainer fed by datasets beside bertforge) and the `long` GPU-check test.
+# benchmarks/: datasets for the reference pipelines (prepare_bench.py; the fine-tuning benchmarks
+# use it when present).
 install-bench: install
 	$(PY) -m pip install -qq -e ".[bench]"
 

@@ -6,7 +6,6 @@ run: ``BERTFORGE_LONG_TESTS=1``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -71,8 +70,6 @@ def test_dry_run_passes_every_stage(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is None,
-                    reason="the suite's fine-tuning entry needs the bench extra: make install-bench")
 def test_dry_run_of_the_benchmark_stages(tmp_path: Path) -> None:
     """The benchmark stages and the suite stage (the suite's fine-tuning, inference, BART and
     ModernBERT entries on a seeded random BERT body), in one call after set-up, data and
