@@ -150,7 +150,8 @@ class TrainConfig:
 class OptimConfig:
     name: str = opt("lamb", "Optimizer: lamb (NVIDIA's recipe), adamw, decoupled_adamw (weight "
                     "decay scaled by lr / peak lr, composer's), stableadamw (AdamW with per-tensor "
-                    "update clipping) or decoupled_stableadamw (ModernBERT's); see docs/optim.md.")
+                    "update clipping), decoupled_stableadamw (ModernBERT's) or muon (Muon for the "
+                    "transformer blocks' matrices, AdamW for the rest); see docs/optim.md.")
     lr: float = opt(6e-3, "Peak learning rate.")
     warmup: float = opt(0.2843, "Warm-up length as a fraction of train.max_steps.")
     schedule: str = opt("poly", "LR schedule after warm-up: poly (NVIDIA, power 0.5), linear, "
@@ -234,6 +235,10 @@ class RunConfig:
             raise ConfigError(f"train.attention_backend={backend} needs bf16 or fp16 activations "
                               "(flash kernels have no fp32 form), but precision=fp32; use "
                               "precision=bf16 (or auto on a GPU), or attention_backend=auto")
+        if getattr(self.train, "fsdp", False) and self.optim.name == "muon":
+            raise ConfigError("optim.name=muon orthogonalizes each matrix whole, and "
+                              "train.fsdp=true shards matrices over the ranks; use "
+                              "train.fsdp=false (DDP) with muon, or another optimizer with FSDP")
 
 
 @dataclass

@@ -86,14 +86,14 @@ def test_betas_agree() -> None:
 
 
 @pytest.mark.parametrize("key, name, call", [
-    ("optim.name", "name", lambda v: build_optimizer(nn.Linear(2, 2), v, lr=0.1,
-                                                     weight_decay=0.0)),
+    ("optim.name", "name", lambda v: build_optimizer(nn.ModuleList([nn.Linear(2, 2)]), v,
+                                                     lr=0.1, weight_decay=0.0)),
     ("optim.schedule", "schedule", lambda v: scheduler(name=v)),
     ("optim.decay_shape", "decay_shape", lambda v: scheduler(name="wsd", decay_shape=v)),
 ])
 def test_config_and_library_accept_the_same_names(key: str, name: str, call) -> None:
     for value in ("lamb", "adamw", "poly", "linear", "constant", "sgd", "cosine", "LAMB",
-                  "decoupled_adamw", "stableadamw", "decoupled_stableadamw", "stable_adamw",
+                  "decoupled_adamw", "stableadamw", "decoupled_stableadamw", "stable_adamw", "muon",
                   "wsd", "WSD", "1-sqrt", "sqrt"):
         assert config_accepts(key, value) == library_accepts(lambda: call(value), name), value
 

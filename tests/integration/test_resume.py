@@ -68,11 +68,11 @@ def optimizer_state(checkpoint: Path) -> list[torch.Tensor]:
     return [v for s in state["state"].values() for v in s.values() if torch.is_tensor(v)]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_stop_and_resume_equals_uninterrupted(workers: int, tmp_path: Path, tiny_config,
-                                              run_metrics, train_batches: list[str], stop_after,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    extra = (f"--data.num_workers={workers}", "--train.eval_every=2")
+@pytest.mark.parametrize("workers, optimizer", [(0, "lamb"), (2, "lamb"), (0, "muon")])
+def test_stop_and_resume_equals_uninterrupted(workers: int, optimizer: str, tmp_path: Path,
+                                              tiny_config, run_metrics, train_batches: list[str],
+                                              stop_after, monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = (f"--data.num_workers={workers}", "--train.eval_every=2", f"--optim.name={optimizer}")
     straight = pretrain(tiny_config(tmp_path / "straight", *extra))
     straight_batches = list(train_batches)
     train_batches.clear()
@@ -92,6 +92,8 @@ def test_stop_and_resume_equals_uninterrupted(workers: int, tmp_path: Path, tiny
     assert weights_bytes(a) == weights_bytes(b)
     for x, y in zip(optimizer_state(a), optimizer_state(b), strict=True):
         assert torch.equal(x, y)
+    saved = torch.load(b / "training_state" / "optimizer.pt", weights_only=True)["state"]
+    assert any("momentum_buffer" in s for s in saved.values()) == (optimizer == "muon")
 
     # The same micro-batches (order and masks) and a data stream that really moved on: the
     # second epoch (steps 4-6) is not a replay of the first.

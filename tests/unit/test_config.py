@@ -90,7 +90,7 @@ def test_bad_overrides_name_the_key(override: str, message: str) -> None:
      r"train\.global_batch_size \(10\) must be a multiple of train\.micro_batch_size \(4\)"),
     (["--precision=fp8"], r"precision must be one of auto, fp32, bf16, fp16, got 'fp8'"),
     (["--optim.name=sgd"], r"optim\.name must be one of lamb, adamw, decoupled_adamw, stableadamw, "
-     r"decoupled_stableadamw, got 'sgd'"),
+     r"decoupled_stableadamw, muon, got 'sgd'"),
     (["--optim.warmup=1.5"], r"optim\.warmup must be a finite number in \[0, 1\), got 1\.5"),
     (["--optim.betas=[0.9]"], r"optim\.betas needs two numbers"),
     (["--train.max_steps=0"], r"train\.max_steps must be >= 1, got 0"),

@@ -217,7 +217,7 @@ def test_build_optimizer():
     assert isinstance(adamw, torch.optim.AdamW) and needs_external_clipping(adamw)
     assert [g["weight_decay"] for g in adamw.param_groups] == [0.01, 0.0]
     with pytest.raises(ValueError, match="^name must be one of lamb, adamw, decoupled_adamw, "
-                       "stableadamw, decoupled_stableadamw, got 'sgd'"):
+                       "stableadamw, decoupled_stableadamw, muon, got 'sgd'"):
         build_optimizer(model, "sgd", lr=1e-3, weight_decay=0.0)
     with pytest.raises(ValueError, match="no trainable parameters"):
         param_groups(nn.Linear(2, 2).requires_grad_(False), 0.01)

@@ -195,7 +195,7 @@ def test_wsd_resume_is_bitwise_identical():
         ("--optim.min_lr_ratio=2", r"optim.min_lr_ratio must be a finite number in \[0, 1\]"),
         ("--optim.decay=0.8", r"optim.warmup \+ optim.decay must be at most 1"),  # warmup 0.2843
         ("--optim.name=stable_adamw", "optim.name must be one of lamb, adamw, decoupled_adamw, "
-                                      "stableadamw, decoupled_stableadamw, got 'stable_adamw'"),
+                                      "stableadamw, decoupled_stableadamw, muon, got 'stable_adamw'"),
     ],
 )
 def test_config_rejects_bad_schedule_and_optimizer_settings(override, message):

@@ -12,8 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# bertforge.optim.build_optimizer; the last three are composer's / ModernBERT's names.
-OPTIMIZERS = ("lamb", "adamw", "decoupled_adamw", "stableadamw", "decoupled_stableadamw")
+# bertforge.optim.build_optimizer; decoupled_adamw and the stableadamws are composer's /
+# ModernBERT's names, muon is Muon + AdamW (bertforge.optim.muon).
+OPTIMIZERS = ("lamb", "adamw", "decoupled_adamw", "stableadamw", "decoupled_stableadamw",
+              "muon")
 # bertforge.ops.attention.BACKENDS, and those of them that are one fused flash kernel (no fp32)
 ATTENTION_BACKENDS = ("auto", "flash", "torch-flash", "nested", "padded")
 FUSED_ATTENTION_BACKENDS = ("flash", "torch-flash")

@@ -16,6 +16,7 @@ from torch import nn
 
 from bertforge.core.limits import OPTIMIZERS, check_choice
 from bertforge.optim.lamb import Lamb
+from bertforge.optim.muon import build_muon_adamw
 from bertforge.optim.stable_adamw import DecoupledAdamW, StableAdamW
 
 _NORM_TYPES: tuple[type, ...] = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
@@ -80,7 +81,9 @@ def build_optimizer(
     loop calls :func:`bertforge.optim.clip_grad_norm_` with ``max_grad_norm`` before stepping.
     ``"decoupled_adamw"`` (:class:`DecoupledAdamW`), ``"stableadamw"`` and
     ``"decoupled_stableadamw"`` (:class:`StableAdamW`, ``decouple_lr`` off / on) are
-    composer's and ModernBERT's names; the loop clips for them as for AdamW.
+    composer's and ModernBERT's names; the loop clips for them as for AdamW. ``"muon"`` is
+    :class:`bertforge.optim.muon.MuonAdamW`: Muon for the transformer blocks' matrices, AdamW
+    for the rest, one learning rate for both; the loop clips for it too.
     """
     # Only the name is checked here (it picks the class); each optimizer checks its own
     # hyper-parameters in its constructor.
@@ -95,6 +98,9 @@ def build_optimizer(
     if name in ("stableadamw", "decoupled_stableadamw"):
         return StableAdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            decouple_lr=name == "decoupled_stableadamw")
+    if name == "muon":
+        return build_muon_adamw(model, groups, lr=lr, weight_decay=weight_decay, betas=betas,
+                                eps=eps)
     params = [p for g in groups for p in g["params"]]
     # Fused AdamW is one kernel for all tensors, on CUDA and (since torch 2.4) on CPU, where it
     # is ~6x faster than the per-tensor loop torch picks by default (benchmarks/finetune_bench.py:
