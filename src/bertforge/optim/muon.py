@@ -47,15 +47,6 @@ def split_muon(model: nn.Module) -> set[int]:
     return out
 
 
-def _fused(params: list[torch.Tensor]) -> dict:
-    """``{"fused": True}`` where torch's one-kernel AdamW runs (one CUDA or CPU device, floating
-    parameters); on CPU it is ~6x faster than the per-tensor loop (docs/optim.md)."""
-    devices = {p.device.type for p in params}
-    ok = len(devices) == 1 and devices <= {"cuda", "cpu"} and all(
-        p.dtype.is_floating_point for p in params)
-    return {"fused": True} if ok else {}
-
-
 class MuonAdamW(torch.optim.Optimizer):
     """Muon over the groups whose ``params`` :func:`split_muon` chose, AdamW over the rest.
 
@@ -64,20 +55,20 @@ class MuonAdamW(torch.optim.Optimizer):
         adamw_groups: parameter-group dicts of everything else.
         lr, weight_decay: shared by both halves (Muon's update is scaled to AdamW's size).
         betas, eps: AdamW's.
+        fused: use torch's one-kernel AdamW (see :func:`bertforge.optim.build_optimizer`).
         momentum: Muon's Nesterov momentum.
     """
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], lr: float,
                  weight_decay: float, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-6,
-                 momentum: float = MUON_MOMENTUM) -> None:
+                 fused: bool = False, momentum: float = MUON_MOMENTUM) -> None:
         if not muon_groups:
             raise ValueError("optim.name=muon found no hidden matrices to update (no nn.Linear "
                              "inside an nn.ModuleList of the model); use adamw for this model")
-        adamw_params = [p for g in adamw_groups for p in g["params"]]
         self._muon = torch.optim.Muon(muon_groups, lr=lr, weight_decay=weight_decay,
                                       momentum=momentum, adjust_lr_fn="match_rms_adamw")
         self._adamw = (torch.optim.AdamW(adamw_groups, lr=lr, betas=tuple(betas), eps=eps,
-                                         weight_decay=weight_decay, **_fused(adamw_params))
+                                         weight_decay=weight_decay, fused=fused or None)
                        if adamw_groups else None)
         self._n_muon = len(self._muon.param_groups)
         groups = self._muon.param_groups + (self._adamw.param_groups if self._adamw else [])
@@ -112,7 +103,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
 
 def build_muon_adamw(model: nn.Module, groups: list[dict], lr: float, weight_decay: float,
-                     betas: Sequence[float], eps: float) -> MuonAdamW:
+                     betas: Sequence[float], eps: float, fused: bool) -> MuonAdamW:
     """:class:`MuonAdamW` over ``groups`` (:func:`bertforge.optim.param_groups`'s decay and
     no-decay groups): the hidden matrices leave the decay group for a Muon group of their own."""
     chosen = split_muon(model)
@@ -120,4 +111,4 @@ def build_muon_adamw(model: nn.Module, groups: list[dict], lr: float, weight_dec
     rest = [{**g, "params": [p for p in g["params"] if id(p) not in chosen]} for g in groups]
     muon_groups = [{"params": muon, "weight_decay": float(weight_decay)}] if muon else []
     return MuonAdamW(muon_groups, [g for g in rest if g["params"]], lr=lr,
-                     weight_decay=weight_decay, betas=betas, eps=eps)
+                     weight_decay=weight_decay, betas=betas, eps=eps, fused=fused)

@@ -98,9 +98,6 @@ def build_optimizer(
     if name in ("stableadamw", "decoupled_stableadamw"):
         return StableAdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            decouple_lr=name == "decoupled_stableadamw")
-    if name == "muon":
-        return build_muon_adamw(model, groups, lr=lr, weight_decay=weight_decay, betas=betas,
-                                eps=eps)
     params = [p for g in groups for p in g["params"]]
     # Fused AdamW is one kernel for all tensors, on CUDA and (since torch 2.4) on CPU, where it
     # is ~6x faster than the per-tensor loop torch picks by default (benchmarks/finetune_bench.py:
@@ -108,6 +105,9 @@ def build_optimizer(
     device_types = {p.device.type for p in params}
     fusable = len(device_types) == 1 and device_types <= {"cuda", "cpu"} and all(
         p.dtype.is_floating_point for p in params)
+    if name == "muon":
+        return build_muon_adamw(model, groups, lr=lr, weight_decay=weight_decay, betas=betas,
+                                eps=eps, fused=fusable)
     fused = {"fused": True} if fusable else {}
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps,
                              weight_decay=weight_decay, **fused)
