@@ -52,8 +52,7 @@ def test_muon_takes_the_block_matrices_only() -> None:
     model = Toy()
     assert names(model, split_muon(model)) == {
         "layers.0.up.weight", "layers.0.down.weight", "layers.1.up.weight", "layers.1.down.weight"}
-    bert = BertForPreTraining(BertConfig(**{**get_preset("bert-mini-preln"),
-                                                    "vocab_size": 64}))
+    bert = BertForPreTraining(BertConfig(**{**get_preset("bert-mini-preln"), "vocab_size": 64}))
     chosen = names(bert, split_muon(bert))
     assert chosen and all(".layer." in n and n.endswith(".weight") for n in chosen)
     per_layer = {n.split(".layer.")[1].split(".", 1)[1] for n in chosen}
