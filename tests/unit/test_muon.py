@@ -132,7 +132,8 @@ def test_resume_is_bitwise_the_uninterrupted_run() -> None:
     sched_b = build_scheduler(opt_b, "linear", total_steps=12, warmup=0.25)
     opt_b.load_state_dict(opt_state)
     sched_b.load_state_dict(sched_state)
-    assert opt_b._muon.state is opt_b.state and opt_b._adamw.param_groups[0] is opt_b.param_groups[1]
+    assert opt_b._muon.state is opt_b.state
+    assert opt_b._adamw.param_groups[0] is opt_b.param_groups[1]
     assert any("momentum_buffer" in s for s in opt_b.state.values())
     steps(a, opt_a, 4, seed=5, sched=sched_a)
     steps(b, opt_b, 4, seed=5, sched=sched_b)

@@ -40,10 +40,9 @@ def split_muon(model: nn.Module) -> set[int]:
         if not isinstance(stack, nn.ModuleList):
             continue
         for module in stack.modules():
-            weight = getattr(module, "weight", None)
-            if (isinstance(module, nn.Linear) and weight is not None and weight.requires_grad
-                    and weight.ndim == 2 and id(weight) not in embedded):
-                out.add(id(weight))
+            if (isinstance(module, nn.Linear) and module.weight.requires_grad
+                    and id(module.weight) not in embedded):
+                out.add(id(module.weight))
     return out
 
 
