@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, metadata, write_result
-from suite_speed import finetune_epoch_headline, quality_headline, speed_goals
+from suite_speed import finetune_epoch_headline, quality_headline, server_rows, speed_goals
 
 HERE = Path(__file__).resolve().parent
 PRETRAIN_CPU_VARIANTS = ["bertforge", "hf", "bertforge-unpadded", "bertforge-packed",
@@ -95,6 +95,13 @@ def cpu_entries(quick: bool) -> list[Entry]:
               ["--epochs", "0.05", "--seeds", "0"] if quick else ["--epochs", "1", "--seeds", "0,1"],
               "finetune-epoch", output_flag="--out",
               note="MRPC, MiniLM: whole epochs, each side's own batching, held-out accuracy"),
+        Entry("finetune-epoch-squad", "finetune_epoch_bench.py",
+              ["--task", "squad", "--seeds", "0",
+               *(["--train-questions", "200", "--epochs", "0.05"] if quick
+                 else ["--train-questions", "1500", "--epochs", "0.25"])],
+              "finetune-epoch", output_flag="--out",
+              note="SQuAD v1.1, MiniLM: a quarter epoch of 1,500 questions (the same steps on "
+                   "both sides), then the whole held-out evaluation"),
         Entry("inference", "inference_bench.py", ["--quick"] if quick else [], "inference"),
         Entry("bart", "bart_bench.py",
               ["--lengths", "random", *(["--rounds", "2", "--gen-texts", "2", "--batch", "4",
@@ -346,8 +353,8 @@ def _bart(r: dict) -> dict[str, Any]:
 
 
 def _inference(r: dict) -> dict[str, Any]:
-    rows = []
-    for task, t in r["predict"].items():
+    rows = server_rows(r)
+    for task, t in (r.get("predict") or {}).items():
         for key, ratio in t.get("ratios", {}).items():
             if not key.startswith("bertforge_over_transformers/"):
                 continue

@@ -5,6 +5,7 @@ count, and an app answering concurrent requests as it answers them one at a time
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import time
 from pathlib import Path
@@ -12,12 +13,13 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+import torch
 
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.commands.serve import ServeConfig
 from bertforge.serve.batching import BatchStats, DynamicBatcher
-from bertforge.serve.execution import BatchRunner, model_threads
+from bertforge.serve.execution import CPU_CALL_TOKENS, BatchRunner, model_threads
 from bertforge.serve.settings import SETTING_NAMES, ServeSettings
 from serving import running, save_tiny_classifier
 
@@ -81,6 +83,38 @@ def test_budget_counts_real_tokens_for_a_model_that_runs_real_tokens_only() -> N
     # Closest lengths first: 10 + 12 + 60 <= 100, where padded it would be 4 x 30 = 120 (the
     # QA request's two rows); "long" (50) does not fit beside them.
     assert calls == [["s1", "s2", "qa"], ["long"]]
+
+
+def test_padding_that_costs_more_than_a_call_of_its_own_is_refused() -> None:
+    calls: list[list[Any]] = []
+    stats: list[BatchStats] = []
+
+    async def main(overhead: int | None) -> None:
+        batcher = _batcher(_echo(calls, 0.01), tokens=1000, call_overhead_tokens=overhead,
+                           on_batch=stats.append)
+        await batcher.start()
+        shapes = [("s1", 10, 10), ("long", 60, 60), ("s2", 14, 14), ("s3", 9, 9),
+                  ("qa", 60, 30), ("m1", 36, 36)]
+        await asyncio.gather(*(batcher.submit(n, t, w) for n, t, w in shapes))
+        await batcher.close()
+
+    asyncio.run(main(None))
+    assert calls == [["s1", "long", "s2", "s3", "qa", "m1"]]  # 7 rows x 60 = 420 <= 1000
+    calls.clear()
+    asyncio.run(main(16))
+    # s1 takes s3 (2 x 10 = 20 <= 10 + 9 + 16) and s2 (3 x 14 = 42 <= 20 + 14 + 16); the QA
+    # request's two rows of 30 would make it 5 x 30 = 150 > 42 + 60 + 16. "long" (the oldest
+    # left) takes neither m1 (2 x 60 = 120 > 60 + 36 + 16) nor the QA request and runs alone;
+    # the QA request takes m1 (3 x 36 = 108 <= 60 + 36 + 16).
+    assert calls == [["s1", "s2", "s3"], ["long"], ["qa", "m1"]]
+    batches = stats[-3:]
+    assert [s.padded_tokens for s in batches] == [42, 60, 108]
+    # No batch computes more than its requests alone, one call each, would have:
+    alone = {"s1": 10, "s2": 14, "s3": 9, "long": 60, "qa": 60, "m1": 36}
+    for batch, s in zip(calls, batches):
+        assert s.padded_tokens <= sum(alone[n] for n in batch) + 16 * (len(batch) - 1)
+    with pytest.raises(ValueError, match="call_overhead_tokens"):
+        _batcher(_echo([]), call_overhead_tokens=-1)
 
 
 def test_item_cap_and_a_request_over_the_budget_alone() -> None:
@@ -243,6 +277,26 @@ def test_lone_items_run_padded_and_batches_on_real_tokens(classify_dir: Path) ->
     for a, b in zip([alone[0], *alone], [lone, *together]):
         assert a["label"] == b["label"] and a["score"] == pytest.approx(b["score"], abs=1e-6)
     assert BatchRunner(object())._unpadded == []  # a wrapper without a model: called as is
+
+
+def test_padded_batches_on_a_cpu_tell_the_batcher_what_a_call_costs(classify_dir: Path) -> None:
+    """Only a padded encoder on a CPU bounds its padding: the PyTorch pipelines run batches on
+    their real tokens, a GPU's call costs more than any padding, a decoding loop shares its
+    steps, and a wrapper (a replicated route) does not say where it runs."""
+    pipe = load_pipeline(classify_dir, device="cpu")
+    assert BatchRunner(pipe).call_overhead_tokens is None  # unpadded batches
+
+    def padded(**changes: Any) -> Any:
+        other = copy.copy(pipe)
+        other.model = lambda **inputs: pipe.model(**inputs)  # a backend without modules (ONNX)
+        for name, value in changes.items():
+            setattr(other, name, value)
+        return other
+
+    assert BatchRunner(padded()).call_overhead_tokens == CPU_CALL_TOKENS
+    assert BatchRunner(padded(device=torch.device("cuda"))).call_overhead_tokens is None
+    assert BatchRunner(padded(decodes=True)).call_overhead_tokens is None
+    assert BatchRunner(object()).call_overhead_tokens is None
 
 
 def test_serve_precision_reaches_the_pipeline(classify_dir: Path) -> None:

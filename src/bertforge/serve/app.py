@@ -96,6 +96,7 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
         max_batch_items=settings.max_batch_items, max_wait_ms=settings.max_wait_ms,
         concurrency=replicas.size if replicas else 1, parse_apart=parsers[path] is not p,
         padded=not runners[path].unpadded,
+        call_overhead_tokens=runners[path].call_overhead_tokens,
         on_batch=lambda stats, task=p.task: metrics.observe_batch(task, stats))
         for path, p in served.items()}
 

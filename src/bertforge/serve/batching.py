@@ -12,6 +12,12 @@ its longest row. A worker task forms a batch whenever the model is free:
   request always goes in; the others are taken by how close their length is to its length, so
   a batch groups similar lengths and a long request does not pad twenty short ones to its
   width when the queue holds more than one batch.
+* **Padding that pays** (``call_overhead_tokens``, a padded model on a CPU): where a padded
+  token costs what a real one does, a batch saves only the fixed cost of one call, so a request
+  joins a padded batch only if the batch with it computes no more tokens than the batch
+  without it plus the request alone plus that fixed cost. Batching then never computes more
+  than running the requests one by one would; requests of very different lengths run in
+  separate batches, one after the other.
 * **Adaptive window**: when the model is idle, a request waits for company only when company is
   known to be coming: requests already received and still being tokenized (announced with
   :meth:`DynamicBatcher.expect`), or, right after a batch of N was answered, the N clients it
@@ -106,7 +112,10 @@ class DynamicBatcher:
     retries included. ``concurrency``: how many calls of ``run`` may overlap (``run`` must then be
     thread-safe: a replica pool's). ``parse_apart``: what :meth:`parse` runs is independent of
     ``run`` (a parser with its own tokenizer), so it gets a thread of its own instead of the
-    model's. ``padded``: the token budget counts padded tokens (else real ones). Create the
+    model's. ``padded``: the token budget counts padded tokens (else real ones).
+    ``call_overhead_tokens`` (padded only): the fixed cost of one model call in tokens; a
+    request then joins a batch only where that does not cost more than running it alone
+    (None: padding is bounded by the token budget alone). Create the
     batcher, ``await start()`` inside the event loop that will submit, and
     ``await close()`` before the loop ends.
     """
@@ -114,14 +123,18 @@ class DynamicBatcher:
     def __init__(self, run: Callable[[Sequence[Any]], list[Any]], *, max_batch_tokens: int,
                  max_batch_items: int, max_wait_ms: float,
                  on_batch: Callable[[BatchStats], None] | None = None,
-                 concurrency: int = 1, parse_apart: bool = False, padded: bool = True) -> None:
+                 concurrency: int = 1, parse_apart: bool = False, padded: bool = True,
+                 call_overhead_tokens: int | None = None) -> None:
         if max_batch_tokens < 1 or max_batch_items < 1 or max_wait_ms < 0 or concurrency < 1:
             raise ValueError("max_batch_tokens, max_batch_items and concurrency must be >= 1 and "
                              f"max_wait_ms >= 0 (got {max_batch_tokens}, {max_batch_items}, "
                              f"{concurrency}, {max_wait_ms})")
+        if call_overhead_tokens is not None and call_overhead_tokens < 0:
+            raise ValueError(f"call_overhead_tokens must be >= 0 (got {call_overhead_tokens})")
         self.run = run
         self.max_batch_tokens = max_batch_tokens
         self.padded = padded
+        self.call_overhead_tokens = call_overhead_tokens if padded else None
         self.max_batch_items = max_batch_items
         self.max_wait = max_wait_ms / 1000.0
         self.on_batch = on_batch
@@ -224,7 +237,8 @@ class DynamicBatcher:
 
     def _select(self) -> tuple[list[_Pending], bool]:
         """The next batch (the oldest request, then the closest lengths while both budgets
-        hold), and whether it is full: some queued request did not fit, or the item cap."""
+        hold and the padding pays), and whether it is full: some queued request did not fit,
+        or the item cap."""
         oldest = self._queue[0]
         chosen, rows, width, tokens = [oldest], oldest.rows, oldest.width, oldest.tokens
         others = sorted(itertools.islice(self._queue, 1, None),
@@ -236,12 +250,19 @@ class DynamicBatcher:
             wider = max(width, pending.width)
             cost = ((rows + pending.rows) * wider if self.padded
                     else tokens + pending.tokens)
-            if cost > self.max_batch_tokens:
+            if cost > self.max_batch_tokens or not self._pays(rows * width, cost, pending):
                 full = True  # a shorter one further on may still fit
                 continue
             chosen.append(pending)
             rows, width, tokens = rows + pending.rows, wider, tokens + pending.tokens
         return chosen, full or len(chosen) == self.max_batch_items
+
+    def _pays(self, before: int, after: int, pending: _Pending) -> bool:
+        """Whether a padded batch computing ``before`` tokens may take ``pending`` and compute
+        ``after``: not more than ``pending`` alone in a call of its own would add."""
+        if self.call_overhead_tokens is None:
+            return True
+        return after <= before + pending.rows * pending.width + self.call_overhead_tokens
 
     def _wait_for(self, count: int, full: bool) -> float:
         """Seconds an idle model should wait for more requests before running the ``count``

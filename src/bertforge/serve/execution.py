@@ -15,12 +15,27 @@ the work, measured). A lone sequence has no padding to remove, only the gathers 
 around every layer: :class:`BatchRunner` runs it padded (about 15% faster for a sentence and
 up to a third for a paragraph on the development CPU), so batching costs nothing at batch 1.
 Outputs agree to float32 rounding either way.
+
+**Padded batches on a CPU.** Other backends (ONNX) pad every row of a batch to its longest, and
+on a CPU a padded token costs what a real one does: a forward pass there is bound by its
+arithmetic, so a batch saves only the fixed cost of one call (:data:`CPU_CALL_TOKENS`), and a
+long request padding seven short ones to its width costs far more than it saves (onnxruntime
+on the 2-core development CPU: 10.9 requests/s under load with such batches against 25.5 one
+at a time, docs/serving.md). :attr:`BatchRunner.call_overhead_tokens` tells the dynamic
+batcher that fixed cost, which then adds a request to a padded batch only where that costs
+no more than running it alone (``bertforge.serve.batching``).
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any, Sequence
+
+CPU_CALL_TOKENS = 16
+"""The fixed cost of one padded model call on a CPU, in tokens of its forward pass: MiniLM-L6
+under onnxruntime on one core took 4.2 ms for 8 tokens and about 0.21 ms per token beyond
+(1-thread measurements on the development CPU, docs/serving.md), so a call costs ~12 tokens
+before its first; rounded up, since a bigger value only lets a batch pad a little more."""
 
 
 def cores() -> int:
@@ -74,6 +89,20 @@ class BatchRunner:
         their tokens, not rows x the longest row)."""
         return bool(self._unpadded)
 
+    @property
+    def call_overhead_tokens(self) -> int | None:
+        """The fixed cost of a call in tokens (:data:`CPU_CALL_TOKENS`) when the batches are
+        padded, run on a CPU and gain nothing else from batching (not a decoding loop, which
+        shares each step's cost); else None: padding is then bounded by the token budget alone
+        (a GPU, where a call's fixed cost dwarfs the padding; a replicated route, whose devices
+        this process does not see)."""
+        from bertforge.inference.pipelines.base import Pipeline
+
+        pipeline = self.pipeline
+        if self.unpadded or not isinstance(pipeline, Pipeline) or pipeline.decodes:
+            return None
+        return CPU_CALL_TOKENS if pipeline.device.type == "cpu" else None
+
     def __call__(self, requests: Sequence[Any]) -> list[Any]:
         if self._unpadded:
             several = len(requests) > 1 or _rows(requests[0]) > 1
@@ -82,4 +111,4 @@ class BatchRunner:
         return self.pipeline(requests)
 
 
-__all__ = ["BatchRunner", "cores", "model_threads", "set_model_threads"]
+__all__ = ["BatchRunner", "CPU_CALL_TOKENS", "cores", "model_threads", "set_model_threads"]

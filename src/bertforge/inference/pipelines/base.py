@@ -156,6 +156,9 @@ class Pipeline(ABC):
     windowed: ClassVar[bool] = False
     """Inputs are cut into windows of the task's training length (question answering), not
     encoded whole up to the model's positions."""
+    decodes: ClassVar[bool] = False
+    """Answering runs a decoding loop (summaries): a batch shares the fixed cost of every step,
+    so batching pays even where padding costs (a server's batcher bounds padding otherwise)."""
 
     task: str                  # the canonical task name (bertforge.tasks.registry)
     model: Any                 # the PyTorch model, or a backend with the same call and outputs

@@ -39,6 +39,7 @@ class SummarizationPipeline(Pipeline):
 
     fields: ClassVar[tuple[str, ...]] = ("text", *_GENERATION_FIELDS)
     default_truncation: ClassVar[str] = "truncate"
+    decodes: ClassVar[bool] = True
 
     def parse(self, item: Mapping[str, Any]) -> SummaryRequest:
         from bertforge.inference.generate import generation_settings
