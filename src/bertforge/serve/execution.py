@@ -31,8 +31,6 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from bertforge.inference.pipelines.base import Pipeline
-
 CPU_CALL_TOKENS = 16
 """The fixed cost of one padded model call on a CPU, in tokens of its forward pass: MiniLM-L6
 under onnxruntime on one core took 4.2 ms for 8 tokens and about 0.21 ms per token beyond
@@ -98,6 +96,9 @@ class BatchRunner:
         shares each step's cost); else None: padding is then bounded by the token budget alone
         (a GPU, where a call's fixed cost dwarfs the padding; a replicated route, whose devices
         this process does not see)."""
+        # Imported here: the command line imports this module and must not import torch.
+        from bertforge.inference.pipelines.base import Pipeline
+
         pipeline = self.pipeline
         if self.unpadded or not isinstance(pipeline, Pipeline) or pipeline.decodes:
             return None
