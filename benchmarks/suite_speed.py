@@ -82,14 +82,14 @@ def _serving_goals(outcome: dict | None, caveat: str) -> list[dict[str, Any]]:
                     "evidence": f"{row['bertforge']:.1f} vs {row['transformers']:.1f} requests/s "
                                 f"= {row['ratio']:.2f}x; p99 {row['bertforge_p99_ms']:.0f} vs "
                                 f"{row['transformers_p99_ms']:.0f} ms{caveat}"})
-    batching = [(r["contestant"], r["batching_over_no_batching"]) for r in rows
-                if r.get("batching_over_no_batching") is not None]
     goal = "Dynamic batching never loses to no batching (each workload and load >= 0.95x)"
-    out.append({"goal": goal, "status": "not measured", "evidence": why or "no server rows"}
-               if not batching else
-               {"goal": goal, "status": "met" if min(v for _, v in batching) >= 0.95
-                else "not met", "evidence": "; ".join(f"{name[6:]} {v:.2f}x"
-                                                      for name, v in batching) + caveat})
+    batching = {r["contestant"].removeprefix("serve "): r["batching_over_no_batching"]
+                for r in rows if r.get("batching_over_no_batching") is not None}
+    if not batching:
+        out.append({"goal": goal, "status": "not measured", "evidence": why or "no server rows"})
+        return out
+    out.append({"goal": goal, "status": "met" if min(batching.values()) >= 0.95 else "not met",
+                "evidence": "; ".join(f"{k} {v:.2f}x" for k, v in batching.items()) + caveat})
     return out
 
 

@@ -16,14 +16,11 @@ around every layer: :class:`BatchRunner` runs it padded (about 15% faster for a 
 up to a third for a paragraph on the development CPU), so batching costs nothing at batch 1.
 Outputs agree to float32 rounding either way.
 
-**Padded batches on a CPU.** Other backends (ONNX) pad every row of a batch to its longest, and
-on a CPU a padded token costs what a real one does: a forward pass there is bound by its
-arithmetic, so a batch saves only the fixed cost of one call (:data:`CPU_CALL_TOKENS`), and a
-long request padding seven short ones to its width costs far more than it saves (onnxruntime
-on the 2-core development CPU: 10.9 requests/s under load with such batches against 25.5 one
-at a time, docs/serving.md). :attr:`BatchRunner.call_overhead_tokens` tells the dynamic
-batcher that fixed cost, which then adds a request to a padded batch only where that costs
-no more than running it alone (``bertforge.serve.batching``).
+**Padded batches on a CPU.** Other backends (ONNX) pad every row of a batch to its longest; on
+a CPU a padded token costs what a real one does, so a batch saves only the fixed cost of one
+call (:data:`CPU_CALL_TOKENS`). :attr:`BatchRunner.call_overhead_tokens` tells the dynamic
+batcher that cost, and the batcher bounds padding with it (``bertforge.serve.batching``;
+measured in docs/serving.md).
 """
 
 from __future__ import annotations
