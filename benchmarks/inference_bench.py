@@ -30,10 +30,12 @@ paragraphs of vocabulary words), asked as QA items and classified as (question, 
    the QA model (no transformers reference: transformers 5 has no QA pipeline). Two loads:
    ``batch_1`` (one client, one request after another) and ``saturation`` (``--clients``
    threads sending back to back). The reference runs with torch's default threads (every core)
-   and with the count bertforge serve picks (every core but one). Every (workload, contestant,
+   and with every core but one (one of the two counts bertforge serve picks between per batch,
+   and its fixed count with ``--server-variants fixed-threads``). Every (workload, contestant,
    load) phase runs once per round, in a fresh seeded order each round. Reported: requests/s
    (median, min, max over rounds), p50/p99 latency over all rounds, the per-round ratios, mean
-   batch size and queue time from /metrics, and the agreement of labels with the reference.
+   batch size and queue time from /metrics, the agreement of labels with the reference, and
+   each bertforge server's thread choices from /health (``model_threads_preferred``).
 
 Parts 1 and 2 run as one set of variants interleaved round by round (after an untimed warm-up
 round); every variant answers the same items in a round. Reported: items/s as the median over
@@ -440,7 +442,7 @@ class Server:
     def bertforge(cls, args: argparse.Namespace, model_dir: Path, log: Path, *extra: str
                   ) -> "Server":
         """``bertforge serve``, its torch threads ``--server-threads`` (default: its own choice,
-        every core but one)."""
+        per batch size between every core but one and every core)."""
         return cls([sys.executable, "-m", "bertforge.cli", "serve", "--model", str(model_dir),
                     "--port", "0", "--device", args.device, "--no-embeddings", "--log-level",
                     "warning", "--max-wait-ms", str(args.max_wait_ms), *extra], log,
@@ -477,6 +479,18 @@ def _connect(url: str) -> Any:
 
     where = urlsplit(url)
     return http.client.HTTPConnection(where.hostname, where.port, timeout=300)
+
+
+def _health(url: str) -> dict:
+    """The server's /health body ({} for a server without one: the reference)."""
+    import json
+
+    conn = _connect(url)
+    conn.request("GET", "/health")
+    reply = conn.getresponse()
+    body = reply.read()
+    conn.close()
+    return json.loads(body) if reply.status == 200 else {}
 
 
 def _batch_metrics(url: str) -> tuple[float, ...]:
@@ -573,7 +587,9 @@ def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
     classification workloads; QA has no transformers reference (transformers 5 has no QA
     pipeline). ``--server-variants`` beyond ``torch`` add, on the classification workloads,
     ``bertforge serve --precision bf16`` (``bertforge-bf16``, with a transformers loop in bf16
-    beside it) and ``--backend onnx`` / ``onnx-int8`` on the classification model's export."""
+    beside it), ``--backend onnx`` / ``onnx-int8`` on the classification model's export and
+    ``fixed-threads`` (``bertforge-fixed-threads``: ``--model-threads`` every core but one, the
+    count automatic threads start from, so that what choosing per batch gains is measured)."""
     cls = {"bertforge": Server.bertforge(args, dirs["classify"], tmp / "serve-cls.log",
                                          "--truncation", "truncate"),
            "bertforge-no-batching": Server.bertforge(args, dirs["classify"],
@@ -595,6 +611,10 @@ def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
     if ours != (os.cpu_count() or 1):
         cls[f"transformers-loop-{ours}t"] = Server.reference(dirs["classify"],
                                                              tmp / "reference-t.log", ours)
+    if "fixed-threads" in args.server_variants:
+        cls["bertforge-fixed-threads"] = Server.bertforge(
+            args, dirs["classify"], tmp / "serve-cls-fixed.log", "--truncation", "truncate",
+            "--model-threads", str(ours))
     if "bf16" in args.server_variants:
         cls["bertforge-bf16"] = Server.bertforge(args, dirs["classify"], tmp / "serve-cls-bf16.log",
                                                  "--truncation", "truncate", "--precision", "bf16")
@@ -645,6 +665,9 @@ def _workload_summary(workload: str, phases: dict) -> dict:
     for load in LOADS:
         ratios[f"batching_over_no_batching/{load}"] = _ratio(
             phases, (workload, "bertforge", load), (workload, "bertforge-no-batching", load))
+        if "bertforge-fixed-threads" in contestants:
+            ratios[f"bertforge_over_bertforge_fixed_threads/{load}"] = _ratio(
+                phases, (workload, "bertforge", load), (workload, "bertforge-fixed-threads", load))
         for mine in ours:
             for other in contestants:
                 if other.startswith("transformers-loop"):
@@ -695,6 +718,8 @@ def run_server(args: argparse.Namespace, dirs: dict[str, Path], items: list[dict
             print(f"server round {r + 1}/{args.server_rounds}: " + ", ".join(
                 f"{w}:{c}/{load} {phases[w, c, load][-1]['requests_per_s']:.1f}"
                 for w, c, load in plan) + " requests/s", flush=True)
+        threads = {c: _health(urls[id(s)]).get("model_threads") for group in servers.values()
+                   for c, s in group.items() if c.startswith("bertforge")}
     finally:
         for key, server in unique.items():
             codes[server.log.stem] = server.stop()
@@ -703,6 +728,7 @@ def run_server(args: argparse.Namespace, dirs: dict[str, Path], items: list[dict
         "requests_batch_1": args.requests_batch1, "max_wait_ms": args.max_wait_ms,
         "variants": args.server_variants,
         "threads_per_server": args.threads, "exit_codes_after_sigterm": codes,
+        "model_threads_preferred": threads,
         "cpu_stall_pct_per_round": stalls,
         "workloads": {w: _workload_summary(w, phases) for w in servers}}
     if "qa" in servers:
@@ -835,12 +861,14 @@ def main() -> None:
     ap.add_argument("--server-workloads", default="short,pairs",
                     help=f"Comma-separated: {', '.join(WORKLOADS)}.")
     ap.add_argument("--server-threads", type=int, default=None,
-                    help="torch threads of bertforge serve (default: its own choice, every core "
-                         "but one); the reference runs with every core and with this count.")
+                    help="torch threads of bertforge serve, fixed (default: its own choice per "
+                         "batch size, every core but one or every core); the reference runs "
+                         "with every core and with this count (default: every core but one).")
     ap.add_argument("--server-variants", default="torch",
                     help="Comma-separated bertforge servers on the classification workloads: "
                          "torch (always), bf16 (--precision bf16, with a transformers loop in "
-                         "bf16 beside it), onnx, onnx-int8 (--backend).")
+                         "bf16 beside it), onnx, onnx-int8 (--backend), fixed-threads "
+                         "(--model-threads: every core but one, or --server-threads).")
     ap.add_argument("--max-wait-ms", type=float, default=5.0,
                     help="The server's batching window (its upper bound).")
     ap.add_argument("--no-server", action="store_true", help="Skip part 3.")
@@ -882,9 +910,9 @@ def main() -> None:
                           f"{', '.join(WORKLOADS)}")
     args.server_variants = list(dict.fromkeys(
         ["torch", *(v.strip() for v in args.server_variants.split(",") if v.strip())]))
-    if set(args.server_variants) - {"torch", "bf16", "onnx", "onnx-int8"}:
+    if set(args.server_variants) - {"torch", "bf16", "onnx", "onnx-int8", "fixed-threads"}:
         raise ConfigError(f"--server-variants {','.join(args.server_variants)!r}: choose from "
-                          "torch, bf16, onnx, onnx-int8")
+                          "torch, bf16, onnx, onnx-int8, fixed-threads")
     if args.server_only and args.no_server:
         raise ConfigError("--server-only and --no-server exclude each other")
     if args.device == "cuda" and not torch.cuda.is_available():

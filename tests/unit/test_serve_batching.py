@@ -19,7 +19,8 @@ from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.commands.serve import ServeConfig
 from bertforge.serve.batching import BatchStats, DynamicBatcher
-from bertforge.serve.execution import CPU_CALL_TOKENS, BatchRunner, model_threads
+from bertforge.serve.execution import (CPU_CALL_TOKENS, BatchRunner, ThreadChoice, model_threads,
+                                       thread_counts)
 from bertforge.serve.settings import SETTING_NAMES, ServeSettings
 from serving import running, save_tiny_classifier
 
@@ -241,6 +242,85 @@ def test_model_threads_setting_and_its_default(monkeypatch: pytest.MonkeyPatch) 
     assert model_threads(0) == 1
 
 
+def test_threads_are_chosen_per_batch_only_when_automatic(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("bertforge.serve.execution.cores", lambda: 4)
+    assert thread_counts(0) == (3, 4)
+    assert thread_counts(2) is None  # --model-threads N: fixed
+    monkeypatch.setattr("bertforge.serve.execution.cores", lambda: 1)
+    assert thread_counts(0) is None  # nothing to choose between
+    monkeypatch.setattr("bertforge.serve.execution.cores", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert thread_counts(0) is None  # the environment's count: fixed
+
+
+class _Clock:
+    """A fake clock the test moves by each batch's cost."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_thread_choice_measures_each_size_and_follows_a_change_of_load() -> None:
+    """Short batches run faster on one core, long ones on two, until the second core gets
+    busy; the first batch on each count (starting its threads) is not counted."""
+    choice = ThreadChoice((1, 2), set_threads=lambda n: None, clock=_Clock())
+    busy = False
+
+    def batches(tokens: int, count: int) -> list[int]:
+        picked = []
+        for _ in range(count):
+            threads = choice.pick(tokens)
+            per_token = 1.0 if threads == 1 else (0.6 if tokens >= 256 and not busy else 1.5)
+            choice.record(tokens, threads, per_token * tokens)
+            picked.append(threads)
+        return picked
+
+    # Each count starts its threads (not counted), then both are measured 3 times, taking
+    # turns; 2 is faster there.
+    assert batches(300, 10) == [1, 1, 2, 2, 1, 2, 1, 2, 2, 2]
+    assert choice.preferred() == {"tokens 256-511, items 1": 2}
+    assert batches(20, 7) == [1, 2, 1, 2, 1, 2, 1]  # a new size: 1 is faster there
+    assert choice.preferred() == {"tokens 16-31, items 1": 1, "tokens 256-511, items 1": 2}
+    choice.record(300, 1, 1.0, items=16)  # as many tokens in 16 items: a group of its own,
+    assert choice.pick(300, items=16) == 2  # which has measured 1 once and 2 not yet
+    busy = True  # another job takes the second core: 2's batches slow down, 1 takes over
+    probes = ThreadChoice.PROBE_EVERY
+    picked = batches(300, 2 * probes)
+    assert picked[:3] == [2, 2, 2] and picked[3:].count(2) == 2  # then 2 only as a probe
+    assert choice.preferred()["tokens 256-511, items 1"] == 1
+    busy = False  # the next probe of 2 sees the core free again, and 2 takes over
+    picked = batches(300, probes)
+    first = picked.index(2)
+    assert picked[first:] == [2] * (probes - first)
+    assert choice.preferred()["tokens 256-511, items 1"] == 2
+
+
+def test_thread_choice_applies_a_count_only_when_it_changes_and_skips_failed_batches() -> None:
+    clock, applied = _Clock(), []
+    choice = ThreadChoice((1, 2), set_threads=applied.append, clock=clock)
+
+    def batch() -> str:
+        clock.now += 1.0
+        return "done"
+
+    assert [choice.run(100, 1, batch) for _ in range(8)] == ["done"] * 8
+    assert applied == [1, 2, 1, 2, 1, 2]  # picked 1, 1, 2, 2, 1, 2, 1, 2: applied on changes
+
+    def fails() -> str:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        choice.run(1000, 1, fails)
+    assert applied[-1] == 1  # the failed batch's count was applied, but nothing recorded:
+    assert choice.preferred() == {"tokens 64-127, items 1": 1}  # (a tie: the first count)
+    assert choice.pick(1000) == 1 and choice.pick(1000) == 1  # still to be measured
+
+
 # ------------------------------------------------------------------------- real pipelines
 
 
@@ -297,6 +377,35 @@ def test_padded_batches_on_a_cpu_tell_the_batcher_what_a_call_costs(classify_dir
     assert BatchRunner(padded(device=torch.device("cuda"))).call_overhead_tokens is None
     assert BatchRunner(padded(decodes=True)).call_overhead_tokens is None
     assert BatchRunner(object()).call_overhead_tokens is None
+
+
+def test_a_pytorch_model_on_a_cpu_runs_each_batch_with_the_threads_chosen_for_it(
+        classify_dir: Path) -> None:
+    pipe = load_pipeline(classify_dir, device="cpu")
+    runner = BatchRunner(pipe, (1, 2))
+    assert isinstance(runner.threads, ThreadChoice) and runner.threads.counts == (1, 2)
+    assert BatchRunner(pipe).threads is None  # fixed threads
+    onnx_like = copy.copy(pipe)
+    onnx_like.model = lambda **inputs: pipe.model(**inputs)  # no modules: threads fixed at load
+    assert BatchRunner(onnx_like, (1, 2)).threads is None
+    assert BatchRunner(object(), (1, 2)).threads is None  # a wrapper (replicated route)
+    seen: list[int] = []
+    original = pipe.run
+
+    def run(requests: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return original(requests)
+
+    pipe.run = run
+    requests = [pipe.parse({"text": t}) for t in TEXTS]
+    before = torch.get_num_threads()
+    try:
+        for _ in range(8):
+            runner(requests)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1, 2, 2, 1, 2, 1, 2]  # each count starts, then 3 measured batches each
+    assert set(runner.threads.preferred()) == {"tokens 32-63, items 4-7"}  # 34 tokens, 6 texts
 
 
 def test_serve_precision_reaches_the_pipeline(classify_dir: Path) -> None:
@@ -367,3 +476,21 @@ def _queue_seconds(text: str) -> tuple[float, float]:
     count = sum(s.value for s in _samples(text, "bertforge_queue_seconds_count")
                 if s.labels["task"] == "text-classification")
     return total, count
+
+
+def test_health_shows_the_threads_each_batch_size_prefers(classify_dir: Path) -> None:
+    from bertforge.serve.app import create_app
+
+    n = torch.get_num_threads()  # both counts the test process's own: nothing else changes
+    settings = ServeSettings(max_wait_ms=0)
+    app = create_app(load_pipeline(classify_dir, device="cpu"), settings, thread_counts=(n, n))
+    with running(app, settings) as url, httpx.Client(base_url=url, timeout=30) as client:
+        assert client.get("/health").json()["model_threads"] == {
+            "/v1/text-classification": {"counts": [n, n], "preferred": {}}}
+        for _ in range(4):  # the first starts the threads, then 3 measured
+            assert client.post("/v1/text-classification", json={"text": "a good film"}
+                               ).status_code == 200
+        health = client.get("/health").json()
+    assert health["model_threads"]["/v1/text-classification"]["preferred"] == {
+        "tokens 4-7, items 1": n}
+    assert torch.get_num_threads() == n

@@ -45,8 +45,9 @@ class ServeConfig:
     max_batch_items: int = opt(_LIMITS.max_batch_items, "Items per model call and per "
                                "{\"inputs\": [...]} request (413 beyond).", minimum=1)
     model_threads: int = opt(_LIMITS.model_threads, "CPU threads of one forward pass (0: "
-                             "OMP_NUM_THREADS when set, else every core but one, left to HTTP "
-                             "and tokenization).", minimum=0)
+                             "OMP_NUM_THREADS when set, else chosen per batch size between "
+                             "every core but one, which leaves a core to HTTP and tokenization, "
+                             "and every core, by which runs faster).", minimum=0)
     max_body_bytes: int = opt(_LIMITS.max_body_bytes, "Largest request body, with or without "
                               "Content-Length (413 beyond).", minimum=1)
     max_text_chars: int = opt(_LIMITS.max_text_chars, "Longest string in an item field (413 "

@@ -71,13 +71,16 @@ def _error(status: int, message: str, field: str | None = None,
 
 def create_app(pipeline: Pipeline, settings: ServeSettings, *,
                embeddings: Pipeline | None = None,
-               unavailable: Mapping[str, str] | None = None, replicas: Any = None) -> FastAPI:
+               unavailable: Mapping[str, str] | None = None, replicas: Any = None,
+               thread_counts: tuple[int, int] | None = None) -> FastAPI:
     """The ASGI app serving ``pipeline`` at its task's route (the task registry's: ``/v1/<task>``,
     ``/v1/embeddings`` for feature extraction), plus ``embeddings`` at ``/v1/embeddings`` when
     given. ``unavailable`` maps routes this server could serve but does not (``/v1/embeddings``
     on an ONNX backend) to the reason, answered as a JSON 404. ``replicas``: the
     :class:`~bertforge.serve.replicas.ReplicaPool` running the batches (one batch per replica
-    at a time; its state joins /health and /metrics)."""
+    at a time; its state joins /health and /metrics). ``thread_counts``: the torch thread
+    counts each batch of an in-process PyTorch model picks between
+    (:class:`~bertforge.serve.execution.ThreadChoice`; its preferences join /health)."""
     served = {get_task(pipeline.task).serving.route: pipeline}
     if embeddings is not None:
         if EMBEDDINGS_PATH in served:
@@ -90,7 +93,7 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
     # that has its own tokenizer (a wrapper the server cannot copy parses between batches).
     parsers = {path: p.parsing_copy() if isinstance(p, Pipeline) else p
                for path, p in served.items()}
-    runners = {path: BatchRunner(p) for path, p in served.items()}
+    runners = {path: BatchRunner(p, thread_counts) for path, p in served.items()}
     batchers = {path: DynamicBatcher(
         runners[path], max_batch_tokens=settings.max_batch_tokens,
         max_batch_items=settings.max_batch_items, max_wait_ms=settings.max_wait_ms,
@@ -143,7 +146,8 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
     own = get_task(pipeline.task).serving.route
     add_tei_routes(app, TeiApi(parsers[own], batchers[own], embedding_api, settings), protect,
                    (unavailable or {}).get(EMBEDDINGS_PATH))
-    _add_info_routes(app, pipeline.task, served, settings, metrics, protect, replicas)
+    threads = {path: r.threads for path, r in runners.items() if r.threads is not None}
+    _add_info_routes(app, pipeline.task, served, settings, metrics, protect, replicas, threads)
     return app
 
 
@@ -191,8 +195,9 @@ def _add_unavailable_route(app: FastAPI, path: str, reason: str) -> None:
 
 def _add_info_routes(app: FastAPI, task: str, served: Mapping[str, Pipeline],
                      settings: ServeSettings, metrics: ServerMetrics, protect: list,
-                     replicas: Any = None) -> None:
-    """``/health``, ``/metrics`` and the page at ``/``."""
+                     replicas: Any = None, threads: Mapping[str, Any] | None = None) -> None:
+    """``/health``, ``/metrics`` and the page at ``/``. ``threads``: each route's
+    :class:`~bertforge.serve.execution.ThreadChoice`, where batches pick their threads."""
     description = {path: p.describe() for path, p in served.items()}
 
     @app.get("/health", summary="Readiness and the served model",
@@ -207,6 +212,9 @@ def _add_info_routes(app: FastAPI, task: str, served: Mapping[str, Pipeline],
                               for path in served},
                 "limits": settings.limits(),
                 "auth": settings.api_key is not None,
+                **({"model_threads": {path: {"counts": list(choice.counts),
+                                             "preferred": choice.preferred()}
+                                      for path, choice in threads.items()}} if threads else {}),
                 **(replicas.health() if replicas is not None else {})}
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 

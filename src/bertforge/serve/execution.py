@@ -6,7 +6,11 @@ a small machine the server's other work (the event loop's HTTP, the tokenizer th
 core too: when torch's intra-op threads take every core, each parallel region of a pass waits
 for the thread the event loop displaced, and a pass can take ten times as long (measured on 2
 shared cores: docs/serving.md). :func:`model_threads` therefore leaves one core free unless told
-otherwise. Replicas split the cores among themselves instead (:mod:`bertforge.serve.replicas`).
+otherwise. That core is idle while a long batch computes, though: a batch of paragraphs on
+2 cores ran 1.4x faster with both (docs/serving.md). With automatic threads, :class:`ThreadChoice`
+therefore measures, per batch size, whether every core or every core but one runs faster, and
+keeps measuring, since the answer changes with the machine's load. Replicas split the cores
+among themselves instead (:mod:`bertforge.serve.replicas`).
 
 **Unpadded batches.** The PyTorch pipelines run their encoders on the real tokens of a batch
 (``unpad``, set when they load): a batch of questions and paragraphs of 40 to 380 tokens then
@@ -26,7 +30,8 @@ measured in docs/serving.md).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 CPU_CALL_TOKENS = 16
 """The fixed cost of one padded model call on a CPU, in tokens of its forward pass: MiniLM-L6
@@ -63,6 +68,114 @@ def set_model_threads(requested: int = 0) -> int:
     return threads
 
 
+def thread_counts(requested: int = 0) -> tuple[int, int] | None:
+    """The two intra-op thread counts :class:`ThreadChoice` picks between when the threads are
+    automatic (``requested`` 0 and no ``OMP_NUM_THREADS``) and there are at least 2 cores:
+    every core but one, every core. None otherwise (the count is then fixed)."""
+    if requested > 0 or os.environ.get("OMP_NUM_THREADS", "").strip():
+        return None
+    n = cores()
+    return (n - 1, n) if n > 1 else None
+
+
+class ThreadChoice:
+    """The intra-op threads of each batch, picked between ``counts`` (every core but one, every
+    core) by measurement.
+
+    Which count is faster depends on the batch and on what else runs: a sentence's pass is too
+    short for one more thread to pay, a paragraph's is compute-bound and scales; a batch of many
+    small requests comes with HTTP and tokenization work that the free core does; and with
+    another job on a core, every parallel region waits for the displaced thread. Batches are
+    therefore grouped by their real tokens and their items, each in powers of two, and each
+    group keeps a mean of seconds per token for each count. A group first runs
+    :attr:`MEASURE` batches with each count, alternating; it then runs the faster, and every
+    :attr:`PROBE_EVERY`-th batch the other, so that a change of load is seen: a probe's time
+    replaces the other count's mean (old by then), the preferred count's batches move its mean
+    gradually. The first batch ever run with a count is not counted: it starts that count's
+    threads. ``set_threads`` applies a count (``torch.set_num_threads``, in the thread that runs
+    the model); ``clock`` times a batch."""
+
+    MEASURE = 3
+    PROBE_EVERY = 64
+    SMOOTHING = 0.25  # weight of the newest batch in the preferred count's mean
+
+    def __init__(self, counts: tuple[int, int], set_threads: Callable[[int], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.counts = counts
+        self._set_threads = set_threads
+        self._clock = clock
+        self._current: int | None = None
+        self._started: set[int] = set()  # counts whose threads have run a batch
+        self._runs: dict[tuple, int] = {}  # (group, count) -> batches measured
+        self._cost: dict[tuple, float] = {}  # (group, count) -> mean seconds per token
+        self._batches: dict[tuple, int] = {}  # group -> batches since it was measured
+
+    @staticmethod
+    def group(tokens: int, items: int = 1) -> tuple[int, int]:
+        """The group of a batch: (g, h) with 2^(g-1) <= tokens < 2^g, 2^(h-1) <= items < 2^h."""
+        return max(1, tokens).bit_length(), max(1, items).bit_length()
+
+    def pick(self, tokens: int, items: int = 1) -> int:
+        """The count the next batch of ``tokens`` in ``items`` runs with."""
+        g = self.group(tokens, items)
+        runs = {c: self._runs.get((g, c), 0) for c in self.counts}
+        fewest = min(self.counts, key=runs.__getitem__)  # the first count on a tie
+        if runs[fewest] < self.MEASURE:
+            return fewest
+        n = self._batches[g] = self._batches.get(g, 0) + 1
+        best, other = sorted(self.counts, key=lambda c: self._cost[g, c])
+        return other if n % self.PROBE_EVERY == 0 else best
+
+    def record(self, tokens: int, count: int, seconds: float, items: int = 1) -> None:
+        """A batch of ``tokens`` in ``items`` took ``seconds`` with ``count`` threads."""
+        if count not in self._started:  # it paid for starting the threads
+            self._started.add(count)
+            return
+        g = self.group(tokens, items)
+        per_token, old = seconds / max(1, tokens), self._cost.get((g, count))
+        runs = self._runs[g, count] = self._runs.get((g, count), 0) + 1
+        others = [self._cost.get((g, c)) for c in self.counts if c != count]
+        if runs <= self.MEASURE:  # the mean of the first measurements
+            self._cost[g, count] = per_token if old is None else old + (per_token - old) / runs
+        elif any(o is not None and o < old for o in others):  # a probe of the slower count
+            self._cost[g, count] = per_token
+        else:
+            self._cost[g, count] = old + self.SMOOTHING * (per_token - old)
+
+    def run(self, tokens: int, items: int, call: Callable[[], Any]) -> Any:
+        """``call()`` with the threads picked for ``tokens`` in ``items``; its time recorded
+        unless it raised."""
+        count = self.pick(tokens, items)
+        if count != self._current:
+            if self._set_threads is None:
+                import torch
+
+                self._set_threads = torch.set_num_threads
+            self._set_threads(count)
+            self._current = count
+        started = self._clock()
+        result = call()
+        self.record(tokens, count, self._clock() - started, items)
+        return result
+
+    def preferred(self) -> dict[str, int]:
+        """The count each measured group prefers now (for /health), keyed by the group's
+        ranges: ``"tokens 128-255, items 1"``."""
+        cost, runs = dict(self._cost), dict(self._runs)  # copies: the model thread adds entries
+        out = {}
+        for g in sorted({g for g, _ in cost}):
+            if all(runs.get((g, c), 0) >= self.MEASURE for c in self.counts):
+                out[f"tokens {_span(g[0])}, items {_span(g[1])}"] = min(
+                    self.counts, key=lambda c: cost[g, c])
+        return out
+
+
+def _span(bits: int) -> str:
+    """The numbers whose bit length is ``bits``: ``"128-255"``, ``"1"``."""
+    low, high = 1 << (bits - 1), (1 << bits) - 1
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def _rows(request: Any) -> int:
     """Padded rows a parsed request takes: its windows (question answering), else one."""
     features = getattr(request, "features", None)
@@ -72,13 +185,22 @@ def _rows(request: Any) -> int:
 class BatchRunner:
     """Calls ``pipeline`` on a batch of parsed requests; a batch of a single row runs padded
     when the pipeline's encoder runs on real tokens (its ``unpad`` flags), any other batch as
-    the pipeline runs it. The callable the dynamic batcher runs, on its one model thread."""
+    the pipeline runs it. The callable the dynamic batcher runs, on its one model thread.
 
-    def __init__(self, pipeline: Any) -> None:
+    ``thread_counts`` (:func:`thread_counts`): each batch's torch threads are then picked
+    between them by a :class:`ThreadChoice`, where that can work: a PyTorch model on a CPU
+    (onnxruntime fixes its threads when a session opens)."""
+
+    def __init__(self, pipeline: Any, thread_counts: tuple[int, int] | None = None) -> None:
         self.pipeline = pipeline
         model = getattr(pipeline, "model", None)
-        modules = model.modules() if callable(getattr(model, "modules", None)) else ()
+        modules = list(model.modules()) if callable(getattr(model, "modules", None)) else []
         self._unpadded = [m for m in modules if getattr(m, "unpad", False) is True]
+        device = getattr(getattr(pipeline, "device", None), "type", None)
+        torch_on_cpu = bool(modules) and device == "cpu" and callable(getattr(pipeline, "cost",
+                                                                              None))
+        self.threads = (ThreadChoice(thread_counts) if thread_counts is not None and torch_on_cpu
+                        else None)
 
     @property
     def unpadded(self) -> bool:
@@ -106,7 +228,11 @@ class BatchRunner:
             several = len(requests) > 1 or _rows(requests[0]) > 1
             for module in self._unpadded:
                 module.unpad = several
-        return self.pipeline(requests)
+        if self.threads is None:
+            return self.pipeline(requests)
+        tokens = sum(self.pipeline.cost(r) for r in requests)
+        return self.threads.run(tokens, len(requests), lambda: self.pipeline(requests))
 
 
-__all__ = ["BatchRunner", "CPU_CALL_TOKENS", "cores", "model_threads", "set_model_threads"]
+__all__ = ["BatchRunner", "CPU_CALL_TOKENS", "ThreadChoice", "cores", "model_threads",
+           "set_model_threads", "thread_counts"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from bertforge.errors import ConfigError, UserError
 from bertforge.core.signals import Stopped, raise_on_stop
-from bertforge.serve.execution import set_model_threads
+from bertforge.serve.execution import set_model_threads, thread_counts
 from bertforge.serve.replicas import ReplicaSpec, load_pipelines, plan_replicas, start_replicas
 from bertforge.serve.settings import SETTING_NAMES, ServeSettings
 
@@ -152,9 +152,11 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
                         ) from None
     model_dir = Path(model_dir)
     devices = plan_replicas(replicas, device)
-    pool = None
+    pool, counts = None, None
     with raise_on_stop((signal.SIGTERM,)):
-        if devices is None:  # the model in this process: its threads leave a core to HTTP
+        if devices is None:  # the model in this process: its threads leave a core to HTTP,
+            # or, when automatic, each batch takes the count it measures fastest with
+            counts = thread_counts(settings.model_threads)
             settings = dataclasses.replace(settings,
                                            model_threads=set_model_threads(settings.model_threads))
             pipeline, extractor = _load(model_dir, task, backend, device, truncation, embeddings,
@@ -164,15 +166,17 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
             pool, pipeline, extractor = start_replicas(model_dir, spec, devices)
     try:
         return _run(model_dir, pipeline, extractor, settings, backend, embeddings, host, port,
-                    log_level, pool)
+                    log_level, pool, counts)
     finally:
         if pool is not None:
             pool.close()
 
 
 def _run(model_dir: Path, pipeline: Any, extractor: Any, settings: ServeSettings, backend: str,
-         embeddings: bool, host: str, port: int, log_level: str, pool: Any) -> int:
-    """Bind, build the app and serve it until stopped; the exit code."""
+         embeddings: bool, host: str, port: int, log_level: str, pool: Any,
+         counts: tuple[int, int] | None) -> int:
+    """Bind, build the app and serve it until stopped; the exit code. ``counts``: the thread
+    counts each batch picks between (automatic threads), else None."""
     import uvicorn
 
     from bertforge.serve.app import EMBEDDINGS_PATH, create_app
@@ -185,7 +189,7 @@ def _run(model_dir: Path, pipeline: Any, extractor: Any, settings: ServeSettings
             f"{EMBEDDINGS_PATH}")
     sock = _bind(host, port)
     app = create_app(pipeline, settings, embeddings=extractor, unavailable=unavailable,
-                     replicas=pool)
+                     replicas=pool, thread_counts=counts)
     server = uvicorn.Server(uvicorn_config(app, settings, log_level))
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host

@@ -32,7 +32,9 @@ class ServeSettings:
     model_threads: int = 0
     """CPU threads of one forward pass (intra-op) when the model runs in the server process;
     0: ``OMP_NUM_THREADS`` when set, else every core but one (at least 1), which is left to
-    HTTP and tokenization (:func:`bertforge.serve.execution.model_threads`)."""
+    HTTP and tokenization (:func:`bertforge.serve.execution.model_threads`), and a PyTorch
+    model on 2 or more cores runs each batch with every core instead where its size measured
+    faster that way (:class:`bertforge.serve.execution.ThreadChoice`)."""
     max_body_bytes: int = 1 << 20
     """Largest request body accepted, with or without Content-Length (413 beyond)."""
     max_text_chars: int = 100_000
