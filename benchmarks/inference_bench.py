@@ -31,8 +31,9 @@ paragraphs of vocabulary words), asked as QA items and classified as (question, 
    ``batch_1`` (one client, one request after another) and ``saturation`` (``--clients``
    threads sending back to back). The reference runs with torch's default threads (every core)
    and with every core but one (one of the two counts bertforge serve picks between per batch,
-   and its fixed count with ``--server-variants fixed-threads``). Every (workload, contestant,
-   load) phase runs once per round, in a fresh seeded order each round. Reported: requests/s
+   and its fixed count with ``--server-variants fixed-threads``). After an untimed warm-up of
+   each server under both loads, every (workload, contestant, load) phase runs once per round,
+   in a fresh seeded order each round. Reported: requests/s
    (median, min, max over rounds), p50/p99 latency over all rounds, the per-round ratios, mean
    batch size and queue time from /metrics, the agreement of labels with the reference, and
    each bertforge server's thread choices from /health (``model_threads_preferred``).
@@ -70,6 +71,8 @@ from finetune_bench import Stalled, synthetic_squad, vocabulary_words  # noqa: E
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1-part-a.json"
 LABELS = {0: "entailment", 1: "not_entailment"}
+WARM_UP_ALONE = 32
+"""Requests one client sends one at a time to each server before the timed rounds."""
 QA = dict(max_length=384, doc_stride=128, n_best=20, max_answer=30)
 """Window and span settings of both QA contestants (bertforge's defaults)."""
 
@@ -703,8 +706,11 @@ def run_server(args: argparse.Namespace, dirs: dict[str, Path], items: list[dict
     rng = np.random.default_rng(args.seed)
     try:
         urls = {id(s): s.url() for s in unique.values()}
-        for w, c in dict.fromkeys((w, c) for w, c, _ in plan):  # warm-up, untimed
+        # Warm-up, untimed: both loads, so that a server's one-off work (bertforge serve's
+        # first batches of each size, which measure its thread counts) is done before timing.
+        for w, c in dict.fromkeys((w, c) for w, c, _ in plan):
             server_phase(urls[id(servers[w][c])], w, items[:args.clients], args.clients, first)
+            server_phase(urls[id(servers[w][c])], w, items[:WARM_UP_ALONE], 1, first)
         for r in range(args.server_rounds):
             with Stalled() as stalled:
                 for i in rng.permutation(len(plan)):

@@ -268,7 +268,8 @@ class _Clock:
 def test_thread_choice_measures_each_size_and_follows_a_change_of_load() -> None:
     """Short batches run faster on one core, long ones on two, until the second core gets
     busy; the first batch on each count (starting its threads) is not counted."""
-    choice = ThreadChoice((1, 2), set_threads=lambda n: None, clock=_Clock())
+    clock = _Clock()
+    choice = ThreadChoice((1, 2), set_threads=lambda n: None, clock=clock)
     busy = False
 
     def batches(tokens: int, count: int) -> list[int]:
@@ -298,6 +299,8 @@ def test_thread_choice_measures_each_size_and_follows_a_change_of_load() -> None
     first = picked.index(2)
     assert picked[first:] == [2] * (probes - first)
     assert choice.preferred()["tokens 256-511, items 1"] == 2
+    clock.now += ThreadChoice.PROBE_SECONDS  # rare batches: a probe once that much time passed
+    assert batches(300, 3) == [1, 2, 2]
 
 
 def test_thread_choice_applies_a_count_only_when_it_changes_and_skips_failed_batches() -> None:

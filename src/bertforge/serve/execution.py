@@ -88,8 +88,9 @@ class ThreadChoice:
     another job on a core, every parallel region waits for the displaced thread. Batches are
     therefore grouped by their real tokens and their items, each in powers of two, and each
     group keeps a mean of seconds per token for each count. A group first runs
-    :attr:`MEASURE` batches with each count, alternating; it then runs the faster, and every
-    :attr:`PROBE_EVERY`-th batch the other, so that a change of load is seen: a probe's time
+    :attr:`MEASURE` batches with each count, alternating; it then runs the faster, and the
+    other every :attr:`PROBE_EVERY`-th batch or once :attr:`PROBE_SECONDS` have passed since
+    it last ran (a group of rare batches), so that a change of load is seen: a probe's time
     replaces the other count's mean (old by then), the preferred count's batches move its mean
     gradually. The first batch ever run with a count is not counted: it starts that count's
     threads. ``set_threads`` applies a count (``torch.set_num_threads``, in the thread that runs
@@ -97,6 +98,7 @@ class ThreadChoice:
 
     MEASURE = 3
     PROBE_EVERY = 64
+    PROBE_SECONDS = 2.0
     SMOOTHING = 0.25  # weight of the newest batch in the preferred count's mean
 
     def __init__(self, counts: tuple[int, int], set_threads: Callable[[int], None] | None = None,
@@ -109,6 +111,7 @@ class ThreadChoice:
         self._runs: dict[tuple, int] = {}  # (group, count) -> batches measured
         self._cost: dict[tuple, float] = {}  # (group, count) -> mean seconds per token
         self._batches: dict[tuple, int] = {}  # group -> batches since it was measured
+        self._last: dict[tuple, float] = {}  # (group, count) -> when it last ran (clock)
 
     @staticmethod
     def group(tokens: int, items: int = 1) -> tuple[int, int]:
@@ -124,7 +127,8 @@ class ThreadChoice:
             return fewest
         n = self._batches[g] = self._batches.get(g, 0) + 1
         best, other = sorted(self.counts, key=lambda c: self._cost[g, c])
-        return other if n % self.PROBE_EVERY == 0 else best
+        due = self._clock() - self._last[g, other] >= self.PROBE_SECONDS
+        return other if due or n % self.PROBE_EVERY == 0 else best
 
     def record(self, tokens: int, count: int, seconds: float, items: int = 1) -> None:
         """A batch of ``tokens`` in ``items`` took ``seconds`` with ``count`` threads."""
@@ -134,6 +138,7 @@ class ThreadChoice:
         g = self.group(tokens, items)
         per_token, old = seconds / max(1, tokens), self._cost.get((g, count))
         runs = self._runs[g, count] = self._runs.get((g, count), 0) + 1
+        self._last[g, count] = self._clock()
         others = [self._cost.get((g, c)) for c in self.counts if c != count]
         if runs <= self.MEASURE:  # the mean of the first measurements
             self._cost[g, count] = per_token if old is None else old + (per_token - old) / runs
@@ -196,11 +201,10 @@ class BatchRunner:
         model = getattr(pipeline, "model", None)
         modules = list(model.modules()) if callable(getattr(model, "modules", None)) else []
         self._unpadded = [m for m in modules if getattr(m, "unpad", False) is True]
-        device = getattr(getattr(pipeline, "device", None), "type", None)
-        torch_on_cpu = bool(modules) and device == "cpu" and callable(getattr(pipeline, "cost",
-                                                                              None))
-        self.threads = (ThreadChoice(thread_counts) if thread_counts is not None and torch_on_cpu
-                        else None)
+        on_cpu = getattr(getattr(pipeline, "device", None), "type", None) == "cpu"
+        self.threads: ThreadChoice | None = None
+        if thread_counts is not None and modules and on_cpu and hasattr(pipeline, "cost"):
+            self.threads = ThreadChoice(thread_counts)
 
     @property
     def unpadded(self) -> bool:
