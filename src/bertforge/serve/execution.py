@@ -88,17 +88,17 @@ class ThreadChoice:
     another job on a core, every parallel region waits for the displaced thread. Batches are
     therefore grouped by their real tokens and their items, each in powers of two, and each
     group keeps a mean of seconds per token for each count. A group first runs
-    :attr:`MEASURE` batches with each count, alternating; it then runs the faster, and the
-    other every :attr:`PROBE_EVERY`-th batch or once :attr:`PROBE_SECONDS` have passed since
-    it last ran (a group of rare batches), so that a change of load is seen: a probe's time
-    replaces the other count's mean (old by then), the preferred count's batches move its mean
+    :attr:`MEASURE` batches with each count, alternating; it then runs the faster, and probes
+    the other so that a change of load is seen: once the time since that count last ran is
+    its expected batch time over :attr:`PROBE_SHARE`, which keeps the probes to about that
+    share of the time whether the group's batches are frequent or rare. A probe's time
+    replaces the other count's mean (old by then); the preferred count's batches move its mean
     gradually. The first batch ever run with a count is not counted: it starts that count's
     threads. ``set_threads`` applies a count (``torch.set_num_threads``, in the thread that runs
     the model); ``clock`` times a batch."""
 
     MEASURE = 3
-    PROBE_EVERY = 64
-    PROBE_SECONDS = 2.0
+    PROBE_SHARE = 0.02
     SMOOTHING = 0.25  # weight of the newest batch in the preferred count's mean
 
     def __init__(self, counts: tuple[int, int], set_threads: Callable[[int], None] | None = None,
@@ -110,7 +110,6 @@ class ThreadChoice:
         self._started: set[int] = set()  # counts whose threads have run a batch
         self._runs: dict[tuple, int] = {}  # (group, count) -> batches measured
         self._cost: dict[tuple, float] = {}  # (group, count) -> mean seconds per token
-        self._batches: dict[tuple, int] = {}  # group -> batches since it was measured
         self._last: dict[tuple, float] = {}  # (group, count) -> when it last ran (clock)
 
     @staticmethod
@@ -125,10 +124,10 @@ class ThreadChoice:
         fewest = min(self.counts, key=runs.__getitem__)  # the first count on a tie
         if runs[fewest] < self.MEASURE:
             return fewest
-        n = self._batches[g] = self._batches.get(g, 0) + 1
         best, other = sorted(self.counts, key=lambda c: self._cost[g, c])
-        due = self._clock() - self._last[g, other] >= self.PROBE_SECONDS
-        return other if due or n % self.PROBE_EVERY == 0 else best
+        expected = self._cost[g, other] * max(1, tokens)  # seconds, with the other count
+        due = self._clock() - self._last[g, other] >= expected / self.PROBE_SHARE
+        return other if due else best
 
     def record(self, tokens: int, count: int, seconds: float, items: int = 1) -> None:
         """A batch of ``tokens`` in ``items`` took ``seconds`` with ``count`` threads."""
