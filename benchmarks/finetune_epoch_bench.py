@@ -5,6 +5,7 @@ with its own defaults, timed, then scored on held-out rows; several seeds.
     python benchmarks/finetune_epoch_bench.py --epochs 3 --seeds 0,1,2   # the issue's recipe
     python benchmarks/finetune_epoch_bench.py --task squad --train-questions 1500
     python benchmarks/finetune_epoch_bench.py --model path/to/bert-base-uncased
+    python benchmarks/finetune_epoch_bench.py --device cuda --precision bf16   # a GPU, both sides
 
 ``benchmarks/finetune_bench.py`` times identical batches on both sides (the same examples padded
 the same way) to compare the train step itself. This script compares what a user gets: each side
@@ -13,7 +14,9 @@ epoch is only worth quoting next to the accuracy it bought, so both are scored o
 held-out rows. Same recipe on both sides: the model directory's encoder with a fresh head (each
 side initialises it from its own seed, the same distribution), AdamW lr 5e-5 with the Trainer's
 defaults (no weight decay, eps 1e-8, betas 0.9/0.999, clipping at 1.0, linear schedule with 10%
-warm-up), batch 32, fp32 on the CPU.
+warm-up), batch 32, fp32 on the CPU (``--device cuda``: both sides on the GPU; ``--precision
+bf16``: both sides train and evaluate under bf16 autocast, bertforge's ``--precision=bf16`` and
+the Trainer's ``bf16=True``).
 
 * **bertforge**: ``bertforge.tasks.finetune.finetune`` with that recipe and nothing else set, so
   its defaults apply (``train.unpad``: the encoder runs on the real tokens only; batches padded
@@ -34,8 +37,9 @@ warm-up), batch 32, fp32 on the CPU.
 Data: MRPC's train.tsv from ``../shared/data``, shuffled once with a fixed seed and split into
 3,260 training rows and 408 held-out rows (the size of MRPC's dev set); SQuAD v1.1: training
 questions from the first articles of the dev part, held-out questions from its last two articles
-(other topics, other paragraphs). The sides alternate which runs first per seed. Results:
-``benchmarks/results/finetune-epoch-<task>-cpu-<date>.json``.
+(other topics, other paragraphs); ``BERTFORGE_BENCH_DATA`` points at another copy of that
+folder (the GPU check's). The sides alternate which runs first per seed. Results:
+``benchmarks/results/finetune-epoch-<task>-<device>-<date>.json``.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import metadata, result_path, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = Path(os.environ.get("BERTFORGE_BENCH_DATA") or ROOT.parent / "shared" / "data")
+"""The shared data folder (``BERTFORGE_BENCH_DATA`` elsewhere: the GPU check carries a copy)."""
 MRPC = SHARED / "glue" / "MRPC" / "train.tsv"
 SQUAD = SHARED / "squad" / "dev-v1.1-part-a.json"
 SPLIT_SEED = 20261126
@@ -138,10 +143,11 @@ def bertforge_config(task: str, model: Path, train: Path | None, heldout: Path, 
 
 
 def bertforge_run(task: str, model: Path, train: Path, heldout: Path, out: Path, seed: int,
-                  epochs: float) -> dict[str, Any]:
+                  epochs: float, precision: str = "fp32") -> dict[str, Any]:
     from bertforge.tasks.finetune import finetune
 
-    result = finetune(bertforge_config(task, model, train, heldout, out, seed, epochs))
+    result = finetune(bertforge_config(task, model, train, heldout, out, seed, epochs,
+                                       precision))
     (window,) = result.history  # one log window: the loop's clock from the first batch on
     # Every step trains one full global batch (an epoch's last one is completed from its start).
     seconds = result.step * RECIPE["batch"] / window["seq_per_s"]
@@ -181,9 +187,11 @@ def hf_dataset(features: Any, keys: tuple[str, ...]) -> Any:
 
 
 def hf_trainer(task: str, model_dir: Path, train: Any, out: Path, seed: int, epochs: float,
-               eval_batch: int) -> tuple[Any, float]:
-    """``Trainer`` with the recipe, its defaults otherwise; returns it after ``train()`` and the
-    seconds from ``on_train_begin`` to ``on_train_end``."""
+               eval_batch: int, precision: str = "fp32") -> tuple[Any, float]:
+    """``Trainer`` with the recipe, its defaults otherwise (on the GPU when one is visible: the
+    run hides it for ``--device cpu``); returns it after ``train()`` and the seconds from
+    ``on_train_begin`` to ``on_train_end`` (after the GPU's queued work)."""
+    import torch
     import transformers
 
     transformers.set_seed(seed)  # the fresh head's draw
@@ -197,12 +205,15 @@ def hf_trainer(task: str, model_dir: Path, train: Any, out: Path, seed: int, epo
             clock["begin"] = time.perf_counter()
 
         def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             clock["end"] = time.perf_counter()
 
     targs = transformers.TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=RECIPE["batch"],
         per_device_eval_batch_size=eval_batch, learning_rate=RECIPE["lr"],
-        warmup_steps=RECIPE["warmup"], num_train_epochs=epochs, seed=seed, use_cpu=True,
+        warmup_steps=RECIPE["warmup"], num_train_epochs=epochs, seed=seed,
+        use_cpu=not torch.cuda.is_available(), bf16=precision == "bf16",
         save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
         disable_tqdm=True, dataloader_num_workers=0)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
@@ -263,22 +274,23 @@ def encoded(task: str, model: Path, files: tuple[Path, Path], tmp: Path) -> tupl
 
 
 def one_seed(task: str, model: Path, files: tuple[Path, Path], inputs: tuple[Any, Any, Any],
-             tmp: Path, seed: int, epochs: float, hf_first: bool, bf16_eval: bool = False
-             ) -> dict[str, Any]:
+             tmp: Path, seed: int, epochs: float, hf_first: bool, bf16_eval: bool = False,
+             precision: str = "fp32") -> dict[str, Any]:
     train, heldout = files
     built, hf_train, hf_heldout = inputs
     out: dict[str, Any] = {}
     for side in (("hf", "bertforge") if hf_first else ("bertforge", "hf")):
         run_dir = tmp / f"{side}-{seed}"
         if side == "bertforge":
-            run = bertforge_run(task, model, train, heldout, run_dir, seed, epochs)
-            run["evaluation"] = bertforge_evaluate(task, run_dir, heldout, tmp / "eval")
+            run = bertforge_run(task, model, train, heldout, run_dir, seed, epochs, precision)
+            run["evaluation"] = bertforge_evaluate(task, run_dir, heldout, tmp / "eval",
+                                                   precision)
             if bf16_eval:
                 run["evaluation_bf16"] = bertforge_evaluate(task, run_dir, heldout,
                                                             tmp / "eval-bf16", "bf16")
         else:
             trainer, seconds = hf_trainer(task, model, hf_train, run_dir, seed, epochs,
-                                          built.cfg.eval.batch_size)
+                                          built.cfg.eval.batch_size, precision)
             run = {"train_seconds": seconds, "steps": trainer.state.global_step,
                    "evaluation": hf_evaluate(task, trainer, built, hf_heldout)}
             if bf16_eval:
@@ -355,14 +367,29 @@ def main() -> None:
     ap.add_argument("--train-questions", type=int, default=1500,
                     help="SQuAD: training questions (the issue's recipe: 1,500).")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="Where both sides run (cpu hides any GPU from both).")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="Both sides' training and evaluation numerics (bf16: autocast).")
     ap.add_argument("--bf16-eval", action="store_true",
                     help="Each side also evaluates its trained model in bf16 (CPU autocast; "
                          "fast on CPUs with bf16 matrix units such as Intel AMX).")
     ap.add_argument("--out", help="Result JSON (default: benchmarks/results/...).")
     args = ap.parse_args()
+    if args.device == "cpu":  # before torch starts: bertforge and the Trainer take a GPU they see
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda: torch sees no CUDA GPU")
+    if args.bf16_eval and (args.device != "cpu" or args.precision != "fp32"):
+        raise SystemExit("error: --bf16-eval adds a CPU bf16 evaluation to an fp32 CPU run; "
+                         "use --precision bf16 for bf16 throughout")
     torch.set_num_threads(args.threads)
+    needed = MRPC if args.task == "mrpc" else SQUAD
+    if not needed.is_file():
+        raise SystemExit(f"error: {needed} not found: the benchmark reads the shared data folder "
+                         "beside the repository, or the one BERTFORGE_BENCH_DATA names")
     model = Path(args.model) if args.model else minilm()
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, dict] = {}
@@ -372,13 +399,15 @@ def main() -> None:
         inputs = encoded(args.task, model, files, tmp)
         for i, seed in enumerate(seeds):
             results[str(seed)] = one_seed(args.task, model, files, inputs, tmp, seed, args.epochs,
-                                          hf_first=i % 2 == 1, bf16_eval=args.bf16_eval)
+                                          hf_first=i % 2 == 1, bf16_eval=args.bf16_eval,
+                                          precision=args.precision)
     report = {"benchmark": f"finetune-epoch-{args.task}", **metadata(["accelerate"]), "settings": {
         "task": args.task, "model": str(model), "epochs": args.epochs, "seeds": seeds,
         "recipe": RECIPE, "max_seq_length": LENGTHS[args.task], "threads": args.threads,
-        "precision": "fp32", "bf16_eval": args.bf16_eval}, "seeds": results,
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "precision": args.precision, "bf16_eval": args.bf16_eval}, "seeds": results,
         "summary": summary(results, args.task)}
-    path = result_path(f"finetune-epoch-{args.task}-cpu", args.out)
+    path = result_path(f"finetune-epoch-{args.task}-{args.device}", args.out)
     write_result(path, report)
     print(json.dumps(report["summary"], indent=1))
 

@@ -28,7 +28,9 @@
 #                     runner's seq/s, MFU, memory and host syncs per step, compiled and eager
 #   suite             benchmarks/suite.py --quick's other GPU entries beside Hugging Face, as
 #                     many as the time left allows, in this order: fine-tuning, BART-base,
-#                     inference and serving (on a random MiniLM-shaped body), ModernBERT-base
+#                     inference and serving (on a random MiniLM-shaped body), ModernBERT-base,
+#                     then whole fine-tuning epochs in bf16 against the Trainer (MRPC, SQuAD;
+#                     the shared data copied into .whl/data by gpu_wheels.sh)
 # Results: benchmarks/results/gpu-check-<device>-<date>/ (summary.json, summary.md, env.json,
 # per-stage JSON files, logs/), rewritten after every stage; with --out (or $OUT) the summary,
 # env.json, the benchmark results, the suite's summary and logs.tar.gz are copied there too
@@ -89,6 +91,10 @@ cleanup() { if ((KEEP)); then echo "work folder kept: $WORK"; else rm -rf "$WORK
 trap cleanup EXIT
 SITE=${BERTFORGE_SITE:-$WORK/site}
 WHEELS=${BERTFORGE_WHEELS:-$REPO/.whl}
+# The fine-tuning epoch benchmarks' data: the copy gpu_wheels.sh put beside the wheels.
+if [ -d "$WHEELS/data" ]; then
+  export BERTFORGE_BENCH_DATA=${BERTFORGE_BENCH_DATA:-$WHEELS/data}
+fi
 export PYTHONPATH="$REPO/src:$SITE" MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 ms_now() { date +%s%3N; }
@@ -132,7 +138,7 @@ else
           --benchmark.warmup_steps=5 --benchmark.steps=15 --train.compile=true --precision=bf16)
   ONNX_FLAGS=()
   BODY=()  # MiniLM-L6-H384's shape
-  SUITE=(--only finetune,inference,bart-base,modernbert-base)
+  SUITE=(--only finetune,inference,bart-base,modernbert-base,finetune-epoch,finetune-epoch-squad)
   SLUG=""
   if command -v nvidia-smi >/dev/null 2>&1; then
     SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 || true)

@@ -27,7 +27,8 @@
 #   its METADATA): `benchmarks/gpu_check.py slim-wheel`.
 #
 # Also written: .whl/COMMIT, this checkout's commit (`-dirty` with uncommitted changes), which
-# gpu_check.sh records when the copied tree has no .git.
+# gpu_check.sh records when the copied tree has no .git; and .whl/data/, MRPC's train.tsv and
+# the SQuAD dev part of ../shared/data, which the fine-tuning epoch benchmarks read.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -99,6 +100,19 @@ if git rev-parse HEAD >/dev/null 2>&1; then
   [ -z "$(git status --porcelain --untracked-files=no)" ] || commit="$commit-dirty"
 fi
 echo "$commit" >"$DEST/COMMIT"
+
+# The shared data the fine-tuning epoch entries read (4 MB), for the GPU machine, which sees
+# nothing outside the repository: gpu_check.sh points BERTFORGE_BENCH_DATA at this copy.
+SHARED_DATA=${BERTFORGE_BENCH_DATA:-$REPO/../shared/data}
+rm -rf "$DEST/data"
+for part in glue/MRPC/train.tsv squad/dev-v1.1-part-a.json; do
+  if [ -f "$SHARED_DATA/$part" ]; then
+    mkdir -p "$DEST/data/$(dirname "$part")"
+    cp "$SHARED_DATA/$part" "$DEST/data/$part"
+  else
+    echo "note: $SHARED_DATA/$part not found: the GPU suite's fine-tuning epochs will fail" >&2
+  fi
+done
 
 exclude=$(git rev-parse --git-path info/exclude 2>/dev/null || true)
 if [ -n "$exclude" ]; then

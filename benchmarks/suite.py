@@ -181,6 +181,18 @@ def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
                              "hf-compiled"])],
                          "modernbert", note="bf16, batch 32, lengths 64..1024, 30% masked"))
     entries.append(Entry("loader", "loader_bench.py", ["--quick"] if quick else [], "loader"))
+    # Issue 23's fine-tuning epochs, both sides on the GPU in bf16 (last: a budgeted run drops
+    # them before the entries above).
+    epochs = ["--device", "cuda", "--precision", "bf16", "--seeds", "0"]
+    entries += [
+        Entry("finetune-epoch", "finetune_epoch_bench.py",
+              [*epochs, "--epochs", "0.25" if quick else "1"], "finetune-epoch",
+              output_flag="--out", note="MRPC, bf16 on the GPU: each side's own batching"),
+        Entry("finetune-epoch-squad", "finetune_epoch_bench.py",
+              [*epochs, "--task", "squad", "--train-questions", "1500",
+               "--epochs", "0.25" if quick else "1"], "finetune-epoch", output_flag="--out",
+              note="SQuAD v1.1, bf16 on the GPU: 1,500 training questions, then the held-out "
+                   "evaluation")]
     return entries
 
 
