@@ -6,10 +6,10 @@ a small machine the server's other work (the event loop's HTTP, the tokenizer th
 core too: when torch's intra-op threads take every core, each parallel region of a pass waits
 for the thread the event loop displaced, and a pass can take ten times as long (measured on 2
 shared cores: docs/serving.md). :func:`model_threads` therefore leaves one core free unless told
-otherwise. That core is idle while a long batch computes, though: a batch of paragraphs on
-2 cores ran 1.4x faster with both (docs/serving.md). With automatic threads, :class:`ThreadChoice`
-therefore measures, per batch size, whether every core or every core but one runs faster, and
-keeps measuring, since the answer changes with the machine's load. Replicas split the cores
+otherwise. That core is idle while a long batch computes, though: paragraphs on 2 quiet cores
+were served 1.3x to 1.5x faster with both (docs/serving.md). With automatic threads,
+:class:`ThreadChoice` therefore measures, per batch size, whether every core or every core but
+one runs faster, and keeps measuring, since the answer changes with the machine's load. Replicas split the cores
 among themselves instead (:mod:`bertforge.serve.replicas`).
 
 **Unpadded batches.** The PyTorch pipelines run their encoders on the real tokens of a batch
