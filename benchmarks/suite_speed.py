@@ -46,9 +46,9 @@ def server_rows(r: dict) -> list[dict[str, Any]]:
     for workload, w in ((r.get("server") or {}).get("workloads") or {}).items():
         if "transformers-loop" not in w:
             continue  # the QA workload has no transformers reference
+        ratios = w.get("ratios", {})
         for load in ("batch_1", "saturation"):
             ours, loop = w["bertforge"][load], w["transformers-loop"][load]
-            ratios = w.get("ratios", {})
             batching = ratios.get(f"batching_over_no_batching/{load}", {})
             rows.append({
                 "contestant": f"serve {workload} {load.replace('_', ' ')}",

@@ -48,15 +48,20 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def model_threads(requested: int = 0) -> int:
-    """The intra-op threads of a forward pass: ``requested``, else ``OMP_NUM_THREADS`` when it
-    is set to a whole number, else every core but one (at least 1)."""
+def _fixed_threads(requested: int) -> int | None:
+    """The count a user fixed: ``requested``, else ``OMP_NUM_THREADS`` when it is set to a
+    whole number; None when the threads are automatic."""
     if requested > 0:
         return requested
     given = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if given.isdigit() and int(given) > 0:
-        return int(given)
-    return max(1, cores() - 1)
+    return int(given) if given.isdigit() and int(given) > 0 else None
+
+
+def model_threads(requested: int = 0) -> int:
+    """The intra-op threads of a forward pass: ``requested``, else ``OMP_NUM_THREADS`` when it
+    is set to a whole number, else every core but one (at least 1)."""
+    fixed = _fixed_threads(requested)
+    return fixed if fixed is not None else max(1, cores() - 1)
 
 
 def set_model_threads(requested: int = 0) -> int:
@@ -72,7 +77,7 @@ def thread_counts(requested: int = 0) -> tuple[int, int] | None:
     """The two intra-op thread counts :class:`ThreadChoice` picks between when the threads are
     automatic (``requested`` 0 and no ``OMP_NUM_THREADS``) and there are at least 2 cores:
     every core but one, every core. None otherwise (the count is then fixed)."""
-    if requested > 0 or os.environ.get("OMP_NUM_THREADS", "").strip():
+    if _fixed_threads(requested) is not None:
         return None
     n = cores()
     return (n - 1, n) if n > 1 else None
