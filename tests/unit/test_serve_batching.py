@@ -253,6 +253,8 @@ def test_threads_are_chosen_per_batch_only_when_automatic(monkeypatch: pytest.Mo
     monkeypatch.setattr("bertforge.serve.execution.cores", lambda: 2)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert thread_counts(0) is None  # the environment's count: fixed
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")
+    assert thread_counts(0) == (1, 2) and model_threads(0) == 1  # not a count: automatic, alike
 
 
 class _Clock:
