@@ -269,8 +269,8 @@ class _Clock:
 
 def test_thread_choice_measures_each_size_and_follows_a_change_of_load() -> None:
     """Short batches run faster on one core, long ones on two, until the second core gets
-    busy; the first batch on each count (starting its threads) is not counted; the other
-    count is probed in about PROBE_SHARE of the time."""
+    busy; the first batch on each count (starting its threads) is not counted; a new size
+    starts from a measured one; the other count is probed in about PROBE_SHARE of the time."""
     clock = _Clock()
     choice = ThreadChoice((1, 2), set_threads=lambda n: None, clock=clock)
     busy = False
@@ -291,10 +291,11 @@ def test_thread_choice_measures_each_size_and_follows_a_change_of_load() -> None
     # turns; 2 is faster there.
     assert batches(300, 10) == [1, 1, 2, 2, 1, 2, 1, 2, 2, 2]
     assert choice.preferred() == {"tokens 256-511, items 1": 2}
-    assert batches(20, 7) == [1, 2, 1, 2, 1, 2, 1]  # a new size: 1 is faster there
+    # A new size starts from the measured one's means, so with 2, until its own batches show 2
+    # costing more per token than 1 did there; then 1, which is faster at this size.
+    assert batches(20, 7) == [2, 2, 2, 1, 1, 1, 1]
     assert choice.preferred() == {"tokens 16-31, items 1": 1, "tokens 256-511, items 1": 2}
-    choice.record(300, 1, 1.0, items=16)  # as many tokens in 16 items: a group of its own,
-    assert choice.pick(300, items=16) == 2  # which has measured 1 once and 2 not yet
+    choice.record(300, 1, 1.0, items=16)  # as many tokens in 16 items: a group of its own
     spent.update({1: 0.0, 2: 0.0})
     picked = batches(300, 2000)  # quiet: 1 only as a probe, in about 2% of the time
     assert picked.count(1) >= 10 and spent[1] / (spent[1] + spent[2]) < 0.03
@@ -309,6 +310,50 @@ def test_thread_choice_measures_each_size_and_follows_a_change_of_load() -> None
     assert choice.preferred()["tokens 256-511, items 1"] == 2
     clock.now += 300 / ThreadChoice.PROBE_SHARE  # rare batches: probed once that long passed
     assert batches(300, 2) == [1, 2]
+
+
+def test_a_new_batch_size_starts_from_the_nearest_measured_one() -> None:
+    """Its means come from the measured group fewest powers of two away (tokens plus items),
+    so it runs that group's choice from its first batch, without measuring the slower count."""
+    choice = ThreadChoice((1, 2), set_threads=lambda n: None, clock=_Clock())
+    for count in (1, 2):
+        choice.record(1, count, 1.0)  # each count's first batch starts its threads
+    for _ in range(ThreadChoice.MEASURE):
+        choice.record(20, 1, 20 * 1.0)  # sentences: 1 thread faster
+        choice.record(20, 2, 20 * 1.5)
+        choice.record(300, 1, 300 * 1.0)  # paragraphs: 2 threads faster
+        choice.record(300, 2, 300 * 0.6)
+    assert choice.pick(40) == 1  # one power of two above the sentences, three below
+    assert choice.pick(600) == 2
+    assert choice.pick(300, items=16) == 2  # four powers of two from the paragraphs
+    assert choice.pick(20, items=2) == 1
+    # A group that began measuring before any group was measured drops what it has (here 1
+    # far faster than 2) and starts from the nearest measured group too.
+    choice.record(600, 1, 1.0, items=4)
+    choice.record(600, 2, 600.0, items=4)
+    assert choice.pick(600, items=4) == 2
+    assert choice.preferred() == {
+        "tokens 16-31, items 1": 1, "tokens 16-31, items 2-3": 1, "tokens 32-63, items 1": 1,
+        "tokens 256-511, items 1": 2, "tokens 256-511, items 16-31": 2,
+        "tokens 512-1023, items 1": 2, "tokens 512-1023, items 4-7": 2}
+
+
+def test_probes_stay_within_their_share_of_the_time_across_many_batch_sizes() -> None:
+    """Batches that fall into eight groups, in turn: each group's probes alone would take
+    eight times the share; together they stay within it."""
+    clock = _Clock()
+    choice = ThreadChoice((1, 2), set_threads=lambda n: None, clock=clock)
+    spent = {1: 0.0, 2: 0.0}
+    for i in range(4000):
+        items = 1 << (i % 8)  # 300 tokens in 1, 2, 4, ... 128 items: eight groups
+        threads = choice.pick(300, items)
+        seconds = 300 * (1.0 if threads == 1 else 0.6)
+        clock.now += seconds
+        choice.record(300, threads, seconds, items)
+        if i >= 100:  # after the first group's measurements
+            spent[threads] += seconds
+    assert len(choice.preferred()) == 8 and set(choice.preferred().values()) == {2}
+    assert 0 < spent[1] / (spent[1] + spent[2]) < 1.5 * ThreadChoice.PROBE_SHARE
 
 
 def test_thread_choice_applies_a_count_only_when_it_changes_and_skips_failed_batches() -> None:
@@ -327,9 +372,12 @@ def test_thread_choice_applies_a_count_only_when_it_changes_and_skips_failed_bat
 
     with pytest.raises(RuntimeError, match="boom"):
         choice.run(1000, 1, fails)
-    assert applied[-1] == 1  # the failed batch's count was applied, but nothing recorded:
-    assert choice.preferred() == {"tokens 64-127, items 1": 1}  # (a tie: the first count)
-    assert choice.pick(1000) == 1 and choice.pick(1000) == 1  # still to be measured
+    # The failed batch's size started from the measured one's means (a tie: the first count)
+    # and its count was applied, but its time was not recorded: the means are unchanged.
+    assert applied[-1] == 1
+    assert choice.preferred() == {"tokens 64-127, items 1": 1, "tokens 512-1023, items 1": 1}
+    assert choice._cost[(10, 1), 1] == choice._cost[(7, 1), 1] == 1.0 / 100
+    assert choice._cost[(10, 1), 2] == choice._cost[(7, 1), 2] == 1.0 / 100
 
 
 # ------------------------------------------------------------------------- real pipelines

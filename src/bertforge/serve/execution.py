@@ -92,15 +92,19 @@ class ThreadChoice:
     small requests comes with HTTP and tokenization work that the free core does; and with
     another job on a core, every parallel region waits for the displaced thread. Batches are
     therefore grouped by their real tokens and their items, each in powers of two, and each
-    group keeps a mean of seconds per token for each count. A group first runs
-    :attr:`MEASURE` batches with each count, alternating; it then runs the faster, and probes
-    the other so that a change of load is seen: once the time since that count last ran is
-    its expected batch time over :attr:`PROBE_SHARE`, which keeps the probes to about that
-    share of the time whether the group's batches are frequent or rare. A probe's time
-    replaces the other count's mean (old by then); the preferred count's batches move its mean
-    gradually. The first batch ever run with a count is not counted: it starts that count's
-    threads. ``set_threads`` applies a count (``torch.set_num_threads``, in the thread that runs
-    the model); ``clock`` times a batch."""
+    group keeps a mean of seconds per token for each count. The first group runs
+    :attr:`MEASURE` batches with each count, alternating; every other group starts from the
+    means of the nearest group that has them (its neighbours by size scale alike), so that
+    measuring half its first batches with the slower count is paid once, not per size. A
+    group then runs the faster count and probes the other so that a change of load (or a
+    neighbour's wrong guess) is seen: once the time since that count last ran in the group is
+    its expected batch time over :attr:`PROBE_SHARE`, and as long as the same holds for the
+    last probe of any group, which keeps the probes to about that share of the time however
+    many groups the batches fall into. A probe's time replaces the other count's mean (old by
+    then); the preferred count's batches move its mean gradually. The first batch ever run
+    with a count is not counted: it starts that count's threads. ``set_threads`` applies a
+    count (``torch.set_num_threads``, in the thread that runs the model); ``clock`` times a
+    batch."""
 
     MEASURE = 3
     PROBE_SHARE = 0.02
@@ -116,6 +120,7 @@ class ThreadChoice:
         self._runs: dict[tuple, int] = {}  # (group, count) -> batches measured
         self._cost: dict[tuple, float] = {}  # (group, count) -> mean seconds per token
         self._last: dict[tuple, float] = {}  # (group, count) -> when it last ran (clock)
+        self._last_probe = -float("inf")  # when a probe of any group last ran
 
     @staticmethod
     def group(tokens: int, items: int = 1) -> tuple[int, int]:
@@ -126,13 +131,41 @@ class ThreadChoice:
         """The count the next batch of ``tokens`` in ``items`` runs with."""
         g = self.group(tokens, items)
         runs = {c: self._runs.get((g, c), 0) for c in self.counts}
+        if min(runs.values()) < self.MEASURE and self._start_from_neighbour(g):
+            runs = dict.fromkeys(self.counts, self.MEASURE)
         fewest = min(self.counts, key=runs.__getitem__)  # the first count on a tie
         if runs[fewest] < self.MEASURE:
             return fewest
         best, other = sorted(self.counts, key=lambda c: self._cost[g, c])
-        expected = self._cost[g, other] * max(1, tokens)  # seconds, with the other count
-        due = self._clock() - self._last[g, other] >= expected / self.PROBE_SHARE
+        wait = self._cost[g, other] * max(1, tokens) / self.PROBE_SHARE  # seconds
+        now = self._clock()
+        due = now - self._last[g, other] >= wait and now - self._last_probe >= wait
         return other if due else best
+
+    def _settled(self, cost: dict[tuple, float] | None = None,
+                 runs: dict[tuple, int] | None = None) -> list[tuple[int, int]]:
+        """The groups measured with every count (in ``cost`` and ``runs``, copies of the
+        means and counts, when given), in order."""
+        cost, runs = (self._cost, self._runs) if cost is None or runs is None else (cost, runs)
+        return sorted({g for g, _ in cost
+                       if all(runs.get((g, c), 0) >= self.MEASURE for c in self.counts)})
+
+    def _start_from_neighbour(self, g: tuple[int, int]) -> bool:
+        """Give group ``g``, not measured with every count yet, the means of the nearest group
+        that is (fewest powers of two apart in tokens plus items; on a tie, the nearer in
+        tokens, then the smaller), as if it had measured them now, dropping its own first
+        measurements; False when no group is measured yet (``g`` then measures)."""
+        settled = self._settled()
+        if not settled:
+            return False
+        near = min(settled, key=lambda h: (abs(h[0] - g[0]) + abs(h[1] - g[1]),
+                                           abs(h[0] - g[0]), h))
+        now = self._clock()
+        for c in self.counts:
+            self._cost[g, c] = self._cost[near, c]
+            self._runs[g, c] = self.MEASURE
+            self._last[g, c] = now
+        return True
 
     def record(self, tokens: int, count: int, seconds: float, items: int = 1) -> None:
         """A batch of ``tokens`` in ``items`` took ``seconds`` with ``count`` threads."""
@@ -148,6 +181,7 @@ class ThreadChoice:
             self._cost[g, count] = per_token if old is None else old + (per_token - old) / runs
         elif any(o is not None and o < old for o in others):  # a probe of the slower count
             self._cost[g, count] = per_token
+            self._last_probe = self._last[g, count]
         else:
             self._cost[g, count] = old + self.SMOOTHING * (per_token - old)
 
@@ -168,15 +202,12 @@ class ThreadChoice:
         return result
 
     def preferred(self) -> dict[str, int]:
-        """The count each measured group prefers now (for /health), keyed by the group's
-        ranges: ``"tokens 128-255, items 1"``."""
+        """The count each group with means (measured, or started from a neighbour's) prefers
+        now (for /health), keyed by the group's ranges: ``"tokens 128-255, items 1"``."""
         cost, runs = dict(self._cost), dict(self._runs)  # copies: the model thread adds entries
-        out = {}
-        for g in sorted({g for g, _ in cost}):
-            if all(runs.get((g, c), 0) >= self.MEASURE for c in self.counts):
-                out[f"tokens {_span(g[0])}, items {_span(g[1])}"] = min(
-                    self.counts, key=lambda c: cost[g, c])
-        return out
+        return {f"tokens {_span(g[0])}, items {_span(g[1])}": min(self.counts,
+                                                                   key=lambda c: cost[g, c])
+                for g in self._settled(cost, runs)}
 
 
 def _span(bits: int) -> str:
