@@ -18,6 +18,9 @@ is reordered layer by layer). Generation needs less, and this step does only tha
   keys and values (one copy when it happens);
 * on a CPU the weights are multiplied in the layout the BLAS is fastest with for a few rows,
   (in, out), copied once per call;
+* the logits, each step's largest tensor, land in one buffer kept for the call (a fresh one
+  costs its memory pages again every step), which beam search turns into log-probabilities in
+  place;
 * nothing here reads a tensor on the host after the start: a step is queued work only (a GPU
   runs ahead).
 
@@ -160,6 +163,7 @@ class BartDecoding:
                                 1, first.head_dim), dtype=dtype, device=device)
         self._mask = torch.zeros((self.inputs, 1, self.capacity, 1), dtype=dtype, device=device)
         self._own = torch.zeros((1, 1), dtype=dtype, device=device)  # (group, group) diagonal
+        self._logit_buffer: torch.Tensor | None = None  # (N, vocab_size), see _logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """(N,) newest token of each row -> (N, vocab_size) float32 logits of the next token."""
@@ -182,9 +186,20 @@ class BartDecoding:
         for index, layer in enumerate(self.layers):
             hidden = layer(hidden, kv[index], self_mask, self.cross_keep)
         self.length = t + 1
-        # The model's LM head (``logits``): the tied embedding, then final_logits_bias.
-        logits = torch.mm(decoder.finish(hidden), self._lm_head) + self.model.final_logits_bias[0]
-        return logits.float()
+        return self._logits(decoder.finish(hidden))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's LM head (``logits``): the tied embedding, then final_logits_bias; as
+        float32. Outside autocast the product and the bias land in one buffer kept for the
+        call (the step's largest tensor: a fresh one each step costs its pages again; the
+        same numbers), which the next step overwrites."""
+        weight, bias = self._lm_head, self.model.final_logits_bias[0]
+        if torch.is_autocast_enabled(hidden.device.type) or hidden.dtype != weight.dtype:
+            return (torch.mm(hidden, weight) + bias).float()
+        shape = (hidden.shape[0], weight.shape[1])
+        if self._logit_buffer is None or self._logit_buffer.shape != shape:
+            self._logit_buffer = hidden.new_empty(shape)
+        return torch.mm(hidden, weight, out=self._logit_buffer).add_(bias).float()
 
     def reorder(self, rows: torch.Tensor, inputs: torch.Tensor | None = None) -> None:
         """Continue with rows ``rows`` (N',) of the current ones, in that order: each row of an

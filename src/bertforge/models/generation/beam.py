@@ -14,7 +14,6 @@ import functools
 from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 
 from bertforge.models.generation.constraints import Plan, logits_unused, process
 from bertforge.models.generation.decoders import Decoding
@@ -212,7 +211,7 @@ def beam_search(decoding: Decoding, plan: Plan, batch: int, device: torch.device
             logits = torch.zeros(tokens.shape[0], plan.vocab_size, device=device)
         else:
             logits = decoding.step(tokens)
-        log_probs = F.log_softmax(logits, dim=-1)
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # the caller's to change
         if rows != beams:
             log_probs = log_probs.repeat_interleave(beams, dim=0)
         inputs = state.ids.shape[0]

@@ -26,7 +26,7 @@ class Decoding(Protocol):
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """(N,) newest token of each row -> (N, V) float32 next-token logits, a tensor the
-        caller may change in place."""
+        caller may change in place until its next call (which may reuse it)."""
         ...
 
     def reorder(self, rows: torch.Tensor, inputs: torch.Tensor | None = None) -> None:
