@@ -295,7 +295,6 @@ def test_thread_choice_measures_each_size_and_follows_a_change_of_load() -> None
     # costing more per token than 1 did there; then 1, which is faster at this size.
     assert batches(20, 7) == [2, 2, 2, 1, 1, 1, 1]
     assert choice.preferred() == {"tokens 16-31, items 1": 1, "tokens 256-511, items 1": 2}
-    choice.record(300, 1, 1.0, items=16)  # as many tokens in 16 items: a group of its own
     spent.update({1: 0.0, 2: 0.0})
     picked = batches(300, 2000)  # quiet: 1 only as a probe, in about 2% of the time
     assert picked.count(1) >= 10 and spent[1] / (spent[1] + spent[2]) < 0.03
