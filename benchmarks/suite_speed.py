@@ -149,8 +149,12 @@ def speed_goals(by_name: dict[str, dict], device_kind: str, caveat: str) -> list
             return ""
         metric = next(k for k in summary if k.startswith("heldout_") and k.endswith("_mean"))
         ours, theirs = summary[metric]["bertforge"], summary[metric]["hf"]
+        seeds = summary.get(metric[:-5], {})  # each side's per-seed values: the spread to weigh
+        spread = " vs ".join(", ".join(f"{v:.4f}" for v in seeds[side])
+                             for side in ("bertforge", "hf") if side in seeds)
         return (f"; held-out {metric[8:-5]} {ours:.4f} vs {theirs:.4f} "
-                f"({'equal or better' if ours >= theirs else 'lower'})")
+                f"({'equal or better' if ours >= theirs else 'lower'}"
+                f"{f'; per seed {spread}' if spread else ''})")
 
     finetune = _goal("Fine-tuning time per epoch >= 1.5x the HF Trainer at equal or better "
                      f"accuracy (MRPC, {where})", rows, why,
