@@ -355,6 +355,24 @@ def test_probes_stay_within_their_share_of_the_time_across_many_batch_sizes() ->
     assert 0 < spent[1] / (spent[1] + spent[2]) < 1.5 * ThreadChoice.PROBE_SHARE
 
 
+def test_frequent_probes_of_short_batches_do_not_starve_a_size_of_long_ones() -> None:
+    """Twenty short batches to each long one: the short group's probes come every ~50 of its
+    batch times; the long group, whose wait is 100 times as long, still gets probes."""
+    clock = _Clock()
+    choice = ThreadChoice((1, 2), set_threads=lambda n: None, clock=clock)
+    long_picks = []
+    for i in range(21 * 600):
+        tokens = 2000 if i % 21 == 20 else 20
+        threads = choice.pick(tokens)
+        seconds = tokens * (1.0 if threads == 1 else 0.6)
+        clock.now += seconds
+        choice.record(tokens, threads, seconds)
+        if tokens == 2000:
+            long_picks.append(threads)
+    assert choice.preferred() == {"tokens 16-31, items 1": 2, "tokens 1024-2047, items 1": 2}
+    assert long_picks[-500:].count(1) >= 2  # probed, long after the first measurements
+
+
 def test_thread_choice_applies_a_count_only_when_it_changes_and_skips_failed_batches() -> None:
     clock, applied = _Clock(), []
     choice = ThreadChoice((1, 2), set_threads=applied.append, clock=clock)

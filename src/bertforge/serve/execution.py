@@ -98,10 +98,11 @@ class ThreadChoice:
     measuring half its first batches with the slower count is paid once, not per size. A
     group then runs the faster count and probes the other so that a change of load (or a
     neighbour's wrong guess) is seen: once the time since that count last ran in the group is
-    its expected batch time over :attr:`PROBE_SHARE`, and as long as the same holds for the
-    last probe of any group, which keeps the probes to about that share of the time however
-    many groups the batches fall into. A probe's time replaces the other count's mean (old by
-    then); the preferred count's batches move its mean gradually. The first batch ever run
+    its expected batch time over :attr:`PROBE_SHARE`, and once the time since the last probe of
+    any group is that probe's time over :attr:`PROBE_SHARE`. Probes so take about that share of
+    the time however many groups the batches fall into, and a group of long batches is not
+    starved by frequent probes of short ones. A probe's time replaces the other count's mean
+    (old by then); the preferred count's batches move its mean gradually. The first batch ever run
     with a count is not counted: it starts that count's threads. ``set_threads`` applies a
     count (``torch.set_num_threads``, in the thread that runs the model); ``clock`` times a
     batch."""
@@ -120,7 +121,9 @@ class ThreadChoice:
         self._runs: dict[tuple, int] = {}  # (group, count) -> batches measured
         self._cost: dict[tuple, float] = {}  # (group, count) -> mean seconds per token
         self._last: dict[tuple, float] = {}  # (group, count) -> when it last ran (clock)
-        self._last_probe = -float("inf")  # when a probe of any group last ran
+        self._quiet_until = -float("inf")  # no probe before (the last probe's quiet time)
+        self._due: list[tuple[int, int]] = []  # groups due for a probe, in the order they got due
+        self._seen: dict[tuple, tuple[float, float]] = {}  # group -> (its last pick, its wait)
 
     @staticmethod
     def group(tokens: int, items: int = 1) -> tuple[int, int]:
@@ -139,8 +142,23 @@ class ThreadChoice:
         best, other = sorted(self.counts, key=lambda c: self._cost[g, c])
         wait = self._cost[g, other] * max(1, tokens) / self.PROBE_SHARE  # seconds
         now = self._clock()
-        due = now - self._last[g, other] >= wait and now - self._last_probe >= wait
-        return other if due else best
+        self._seen[g] = (now, wait)
+        if now - self._last[g, other] < wait:
+            return best
+        return other if self._probe_turn(g, now) else best
+
+    def _probe_turn(self, g: tuple[int, int], now: float) -> bool:
+        """Whether group ``g``, due for a probe, probes now: groups take turns in the order they
+        became due (a group that has not run a batch for its own wait leaves the line), once
+        the last probe's quiet time is over."""
+        if g not in self._due:
+            self._due.append(g)
+        while self._due[0] != g and now - self._seen[self._due[0]][0] > self._seen[self._due[0]][1]:
+            self._due.pop(0)
+        if self._due[0] != g or now < self._quiet_until:
+            return False
+        self._due.pop(0)
+        return True
 
     def _settled(self, cost: dict[tuple, float] | None = None,
                  runs: dict[tuple, int] | None = None) -> list[tuple[int, int]]:
@@ -181,7 +199,7 @@ class ThreadChoice:
             self._cost[g, count] = per_token if old is None else old + (per_token - old) / runs
         elif any(o is not None and o < old for o in others):  # a probe of the slower count
             self._cost[g, count] = per_token
-            self._last_probe = self._last[g, count]
+            self._quiet_until = self._last[g, count] + seconds / self.PROBE_SHARE
         else:
             self._cost[g, count] = old + self.SMOOTHING * (per_token - old)
 
