@@ -373,6 +373,30 @@ def test_frequent_probes_of_short_batches_do_not_starve_a_size_of_long_ones() ->
     assert long_picks[-500:].count(1) >= 2  # probed, long after the first measurements
 
 
+def test_a_size_no_longer_due_for_a_probe_leaves_the_line() -> None:
+    """A size that became due during another's quiet time, then stopped being due (its counts
+    swapped), does not hold up the next probe of another size."""
+    clock = _Clock()
+    choice = ThreadChoice((1, 2), set_threads=lambda n: None, clock=clock)
+    for count in (1, 2):
+        choice.record(1, count, 1.0)  # each count's first batch starts its threads
+    for _ in range(ThreadChoice.MEASURE):
+        choice.record(20, 1, 20 * 1.0)
+        choice.record(20, 2, 20 * 0.6)
+    assert choice.pick(300) == 2  # a new size, from the measured one: waits 15000 to probe
+    clock.now = 14500
+    assert choice.pick(20) == 1  # the short size's probe (its wait: 1000) ...
+    clock.now += 20
+    choice.record(20, 1, 20.0)  # ... then no probe for 1000
+    clock.now = 15000
+    assert choice.pick(300) == 2  # due, but in that quiet time: in line
+    choice.record(300, 2, 300 * 5.0)  # 2 got slow here: 1 is this size's choice now
+    clock.now = 15100
+    assert choice.pick(300) == 1  # not due for a probe any more
+    clock.now = 15600
+    assert choice.pick(20) == 1  # the short size probes in its time
+
+
 def test_thread_choice_applies_a_count_only_when_it_changes_and_skips_failed_batches() -> None:
     clock, applied = _Clock(), []
     choice = ThreadChoice((1, 2), set_threads=applied.append, clock=clock)

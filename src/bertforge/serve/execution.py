@@ -98,14 +98,14 @@ class ThreadChoice:
     measuring half its first batches with the slower count is paid once, not per size. A
     group then runs the faster count and probes the other so that a change of load (or a
     neighbour's wrong guess) is seen: once the time since that count last ran in the group is
-    its expected batch time over :attr:`PROBE_SHARE`, and once the time since the last probe of
-    any group is that probe's time over :attr:`PROBE_SHARE`. Probes so take about that share of
-    the time however many groups the batches fall into, and a group of long batches is not
-    starved by frequent probes of short ones. A probe's time replaces the other count's mean
-    (old by then); the preferred count's batches move its mean gradually. The first batch ever run
-    with a count is not counted: it starts that count's threads. ``set_threads`` applies a
-    count (``torch.set_num_threads``, in the thread that runs the model); ``clock`` times a
-    batch."""
+    its expected batch time over :attr:`PROBE_SHARE`, once the time since the last probe of
+    any group is that probe's time over :attr:`PROBE_SHARE`, and in its turn among the groups
+    that are due (the order they became due in). Probes so take about that share of the time
+    however many groups the batches fall into, and a group of long batches is not starved by
+    frequent probes of short ones. A probe's time replaces the other count's mean (old by
+    then); the preferred count's batches move its mean gradually. The first batch ever run with
+    a count is not counted: it starts that count's threads. ``set_threads`` applies a count
+    (``torch.set_num_threads``, in the thread that runs the model); ``clock`` times a batch."""
 
     MEASURE = 3
     PROBE_SHARE = 0.02
@@ -143,7 +143,9 @@ class ThreadChoice:
         wait = self._cost[g, other] * max(1, tokens) / self.PROBE_SHARE  # seconds
         now = self._clock()
         self._seen[g] = (now, wait)
-        if now - self._last[g, other] < wait:
+        if now - self._last[g, other] < wait:  # not due (any more: its counts may have swapped)
+            if g in self._due:
+                self._due.remove(g)
             return best
         return other if self._probe_turn(g, now) else best
 
