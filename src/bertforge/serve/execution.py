@@ -9,8 +9,8 @@ shared cores: docs/serving.md). :func:`model_threads` therefore leaves one core 
 otherwise. That core is idle while a long batch computes, though: paragraphs on 2 quiet cores
 were served 1.3x to 1.5x faster with both (docs/serving.md). With automatic threads,
 :class:`ThreadChoice` therefore measures, per batch size, whether every core or every core but
-one runs faster, and keeps measuring, since the answer changes with the machine's load. Replicas split the cores
-among themselves instead (:mod:`bertforge.serve.replicas`).
+one runs faster, and keeps measuring, since the answer changes with the machine's load.
+Replicas split the cores among themselves instead (:mod:`bertforge.serve.replicas`).
 
 **Unpadded batches.** The PyTorch pipelines run their encoders on the real tokens of a batch
 (``unpad``, set when they load): a batch of questions and paragraphs of 40 to 380 tokens then
@@ -155,18 +155,20 @@ class ThreadChoice:
         the last probe's quiet time is over."""
         if g not in self._due:
             self._due.append(g)
-        while self._due[0] != g and now - self._seen[self._due[0]][0] > self._seen[self._due[0]][1]:
+        while self._due[0] != g:  # groups ahead that stopped coming leave the line
+            last_pick, wait = self._seen[self._due[0]]
+            if now - last_pick <= wait:
+                break
             self._due.pop(0)
         if self._due[0] != g or now < self._quiet_until:
             return False
         self._due.pop(0)
         return True
 
-    def _settled(self, cost: dict[tuple, float] | None = None,
-                 runs: dict[tuple, int] | None = None) -> list[tuple[int, int]]:
-        """The groups measured with every count (in ``cost`` and ``runs``, copies of the
-        means and counts, when given), in order."""
-        cost, runs = (self._cost, self._runs) if cost is None or runs is None else (cost, runs)
+    def _settled(self, cost: dict[tuple, float], runs: dict[tuple, int]
+                 ) -> list[tuple[int, int]]:
+        """The groups measured with every count in ``cost`` and ``runs`` (the means and
+        counts, or copies of them), in order."""
         return sorted({g for g, _ in cost
                        if all(runs.get((g, c), 0) >= self.MEASURE for c in self.counts)})
 
@@ -175,7 +177,7 @@ class ThreadChoice:
         that is (fewest powers of two apart in tokens plus items; on a tie, the nearer in
         tokens, then the smaller), as if it had measured them now, dropping its own first
         measurements; False when no group is measured yet (``g`` then measures)."""
-        settled = self._settled()
+        settled = self._settled(self._cost, self._runs)
         if not settled:
             return False
         near = min(settled, key=lambda h: (abs(h[0] - g[0]) + abs(h[1] - g[1]),
