@@ -32,7 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, metadata, write_result
-from suite_speed import finetune_epoch_headline, quality_headline, server_rows, speed_goals
+from suite_speed import (cpu_only, finetune_epoch_headline, quality_headline, server_rows,
+                         speed_goals)
 
 HERE = Path(__file__).resolve().parent
 PRETRAIN_CPU_VARIANTS = ["bertforge", "hf", "bertforge-unpadded", "bertforge-packed",
@@ -448,7 +449,7 @@ def goals(entries: list[Entry], device_kind: str, quick: bool) -> list[dict[str,
         goal = (f"CPU train step >= 2x Hugging Face on variable-length batches, {preset} shape, "
                 f"phase-{phase} data")
         if device_kind != "cpu":
-            out.append({"goal": goal, "status": "not measured", "evidence": "a CPU suite run"})
+            out.append(cpu_only(goal))
             continue
         h, why = best(f"pretrain-{preset}-phase{phase}")
         if h is None:
