@@ -3,6 +3,7 @@ with its own defaults, timed, then scored on held-out rows; several seeds.
 
     python benchmarks/finetune_epoch_bench.py                    # MRPC, MiniLM-L6, 1 epoch, 2 seeds
     python benchmarks/finetune_epoch_bench.py --epochs 3 --seeds 0,1,2   # the issue's recipe
+    python benchmarks/finetune_epoch_bench.py --task rte --epochs 3 --seeds 0,1,2
     python benchmarks/finetune_epoch_bench.py --task squad --train-questions 1500
     python benchmarks/finetune_epoch_bench.py --model path/to/bert-base-uncased
     python benchmarks/finetune_epoch_bench.py --device cuda --precision bf16   # a GPU, both sides
@@ -25,7 +26,7 @@ the Trainer's ``bf16=True``).
 * **transformers**: ``Trainer`` with ``TrainingArguments`` holding the same recipe (its defaults
   otherwise: random sampling, ``DataCollatorWithPadding`` padding each batch to its longest,
   ``adamw_torch_fused``), on the same rows tokenized by ``BertTokenizerFast`` (pairs cut
-  longest-first to 128 tokens for MRPC; SQuAD windows of 384 tokens with stride 128 as
+  longest-first to 128 tokens for MRPC and RTE; SQuAD windows of 384 tokens with stride 128 as
   transformers' QA guide makes them). Training time: a callback's clock from ``on_train_begin``
   to ``on_train_end``.
 * **Evaluation** (each side's own trained model, the held-out rows): bertforge's evaluation pass
@@ -35,7 +36,8 @@ the Trainer's ``bf16=True``).
   ``--precision=bf16``; ``Trainer.predict`` inside ``torch.autocast("cpu", torch.bfloat16)``).
 
 Data: MRPC's train.tsv from ``../shared/data``, shuffled once with a fixed seed and split into
-3,260 training rows and 408 held-out rows (the size of MRPC's dev set); SQuAD v1.1: training
+3,260 training rows and 408 held-out rows (the size of MRPC's dev set); RTE's train.jsonl the
+same way, 2,213 and 277 (RTE's dev size); SQuAD v1.1: training
 questions from the first articles of the dev part, held-out questions from its last two articles
 (other topics, other paragraphs); ``BERTFORGE_BENCH_DATA`` points at another copy of that
 folder (the GPU check's). The sides alternate which runs first per seed. Results:
@@ -63,12 +65,17 @@ from _common import metadata, result_path, write_result  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("BERTFORGE_BENCH_DATA") or ROOT.parent / "shared" / "data")
 """The shared data folder (``BERTFORGE_BENCH_DATA`` elsewhere: the GPU check carries a copy)."""
-MRPC = SHARED / "glue" / "MRPC" / "train.tsv"
+GLUE = {"mrpc": SHARED / "glue" / "MRPC" / "train.tsv",
+        "rte": SHARED / "glue" / "RTE" / "train.jsonl"}
+"""The sentence-pair classification tasks: GLUE training files, split into training and held-out."""
 SQUAD = SHARED / "squad" / "dev-v1.1-part-a.json"
+TASKS = (*GLUE, "squad")
 SPLIT_SEED = 20261126
-HELD_OUT = {"mrpc": 408}
+HELD_OUT = {"mrpc": 408, "rte": 277}
 RECIPE = {"lr": 5e-5, "batch": 32, "warmup": 0.1}
-LENGTHS = {"mrpc": 128, "squad": 384}
+LENGTHS = {"mrpc": 128, "rte": 128, "squad": 384}
+METRICS = {"mrpc": ("accuracy", "f1"), "rte": ("accuracy",), "squad": ("f1", "exact_match")}
+"""Each task's held-out metrics, the headline first."""
 
 
 def minilm() -> Path:
@@ -80,20 +87,28 @@ def minilm() -> Path:
 # --- data ----------------------------------------------------------------------------------------
 
 
-def split_mrpc(tmp: Path) -> tuple[Path, Path]:
-    """MRPC's rows shuffled once, split into training and held-out TSVs (header kept)."""
-    with MRPC.open(encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    header, body = rows[0], rows[1:]
+def split_glue(task: str, tmp: Path) -> tuple[Path, Path]:
+    """A GLUE task's training rows shuffled once, split into training and held-out files of the
+    source's format (a TSV keeps its header; JSON Lines: one record per line)."""
+    source = GLUE[task]
+    if source.suffix == ".jsonl":
+        header, body = None, [line for line in source.read_text(encoding="utf-8").splitlines()
+                              if line.strip()]
+    else:
+        with source.open(encoding="utf-8-sig", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        header, body = rows[0], rows[1:]
     order = np.random.default_rng(SPLIT_SEED).permutation(len(body))
-    held = HELD_OUT["mrpc"]
-    parts = {"train": order[:-held], "heldout": order[-held:]}
+    held = HELD_OUT[task]
     paths = []
-    for name, idx in parts.items():
-        path = tmp / f"mrpc-{name}.tsv"
-        with path.open("w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\")
-            writer.writerows([header, *(body[i] for i in idx)])
+    for name, idx in (("train", order[:-held]), ("heldout", order[-held:])):
+        path = tmp / f"{task}-{name}{source.suffix}"
+        if header is None:
+            path.write_text("".join(body[i] + "\n" for i in idx), encoding="utf-8")
+        else:
+            with path.open("w", encoding="utf-8", newline="") as f:
+                writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\")
+                writer.writerows([header, *(body[i] for i in idx)])
         paths.append(path)
     return paths[0], paths[1]
 
@@ -128,7 +143,7 @@ def bertforge_config(task: str, model: Path, train: Path | None, heldout: Path, 
                      seed: int, epochs: float, precision: str = "fp32") -> Any:
     from bertforge.config import FinetuneConfig, load_config
 
-    own = (["--task=glue", "--data.task_name=mrpc"] if task == "mrpc"
+    own = (["--task=glue", f"--data.task_name={task}"] if task in GLUE
            else ["--task=squad", "--data.doc_stride=128", "--data.max_query_length=64"])
     args = [*own, f"--model={model}", f"--output_dir={out}", f"--data.validation={heldout}",
             f"--data.max_seq_length={LENGTHS[task]}", f"--optim.lr={RECIPE['lr']}",
@@ -195,9 +210,9 @@ def hf_trainer(task: str, model_dir: Path, train: Any, out: Path, seed: int, epo
     import transformers
 
     transformers.set_seed(seed)  # the fresh head's draw
-    cls = (transformers.AutoModelForSequenceClassification if task == "mrpc"
+    cls = (transformers.AutoModelForSequenceClassification if task in GLUE
            else transformers.AutoModelForQuestionAnswering)
-    model = cls.from_pretrained(str(model_dir), **({"num_labels": 2} if task == "mrpc" else {}))
+    model = cls.from_pretrained(str(model_dir), **({"num_labels": 2} if task in GLUE else {}))
     clock: dict[str, float] = {}
 
     class Clock(transformers.TrainerCallback):
@@ -240,7 +255,7 @@ def hf_evaluate(task: str, trainer: Any, evaluation: Any, heldout: Any,
     t0 = time.perf_counter()
     with autocast:
         predictions = trainer.predict(heldout).predictions
-    if task == "mrpc":
+    if task in GLUE:
         outputs: dict[str, Any] = {"logits": predictions}
     else:
         from bertforge.data.finetuning.squad import postprocess_qa
@@ -267,7 +282,7 @@ def encoded(task: str, model: Path, files: tuple[Path, Path], tmp: Path) -> tupl
 
     cfg = bertforge_config(task, model, files[0], files[1], tmp / "encode", 0, 1.0)
     built = build_task(cfg, init_distributed())
-    label_keys = ("labels",) if task == "mrpc" else ("start_positions", "end_positions")
+    label_keys = ("labels",) if task in GLUE else ("start_positions", "end_positions")
     inputs = built.source.family.inputs
     return (built, hf_dataset(built.train.dataset, (*inputs, *label_keys)),
             hf_dataset(built.features.evaluation.features, inputs))
@@ -312,9 +327,9 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def quality_summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
     """Held-out quality of both sides: per seed, mean/min/max/stdev, and bertforge's mean minus
-    the Trainer's, for each metric (MRPC accuracy and F1; SQuAD F1 and exact match)."""
+    the Trainer's, for each of the task's ``METRICS``."""
     out: dict[str, Any] = {}
-    for metric in (("accuracy", "f1") if task == "mrpc" else ("f1", "exact_match")):
+    for metric in METRICS[task]:
         sides = {s: [r[s]["evaluation"]["metrics"][metric] for r in seeds.values()]
                  for s in ("bertforge", "hf")}
         stats = {s: spread(v) for s, v in sides.items()}
@@ -325,7 +340,7 @@ def quality_summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
 
 
 def summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
-    metric = "accuracy" if task == "mrpc" else "f1"
+    metric = METRICS[task][0]
 
     def sides(get: Any) -> dict[str, list[float]]:
         return {s: [get(r[s]) for r in seeds.values()] for s in ("bertforge", "hf")}
@@ -360,7 +375,7 @@ def summary(seeds: dict[str, dict], task: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", choices=("mrpc", "squad"), default="mrpc")
+    ap.add_argument("--task", choices=TASKS, default="mrpc")
     ap.add_argument("--model", help="Hugging Face BERT directory (default: all-MiniLM-L6-v2's).")
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--seeds", default="0,1", help="Comma-separated training seeds.")
@@ -386,7 +401,7 @@ def main() -> None:
         raise SystemExit("error: --bf16-eval adds a CPU bf16 evaluation to an fp32 CPU run; "
                          "use --precision bf16 for bf16 throughout")
     torch.set_num_threads(args.threads)
-    needed = MRPC if args.task == "mrpc" else SQUAD
+    needed = GLUE.get(args.task, SQUAD)
     if not needed.is_file():
         raise SystemExit(f"error: {needed} not found: the benchmark reads the shared data folder "
                          "beside the repository, or the one BERTFORGE_BENCH_DATA names")
@@ -395,7 +410,8 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="finetune-epoch-") as tmp_name:
         tmp = Path(tmp_name)
-        files = split_mrpc(tmp) if args.task == "mrpc" else split_squad(tmp, args.train_questions)
+        files = (split_glue(args.task, tmp) if args.task in GLUE
+                 else split_squad(tmp, args.train_questions))
         inputs = encoded(args.task, model, files, tmp)
         for i, seed in enumerate(seeds):
             results[str(seed)] = one_seed(args.task, model, files, inputs, tmp, seed, args.epochs,
