@@ -47,7 +47,6 @@ folder (the GPU check's). The sides alternate which runs first per seed. Results
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -89,26 +88,18 @@ def minilm() -> Path:
 
 def split_glue(task: str, tmp: Path) -> tuple[Path, Path]:
     """A GLUE task's training rows shuffled once, split into training and held-out files of the
-    source's format (a TSV keeps its header; JSON Lines: one record per line)."""
+    source's format, every row the source's line unchanged (a TSV keeps its header line)."""
     source = GLUE[task]
-    if source.suffix == ".jsonl":
-        header, body = None, [line for line in source.read_text(encoding="utf-8").splitlines()
-                              if line.strip()]
-    else:
-        with source.open(encoding="utf-8-sig", newline="") as f:
-            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-        header, body = rows[0], rows[1:]
+    lines = [line.rstrip("\r") for line in source.read_text(encoding="utf-8-sig").split("\n")
+             if line.strip()]
+    header, body = (lines[:1], lines[1:]) if source.suffix == ".tsv" else ([], lines)
     order = np.random.default_rng(SPLIT_SEED).permutation(len(body))
     held = HELD_OUT[task]
     paths = []
     for name, idx in (("train", order[:-held]), ("heldout", order[-held:])):
         path = tmp / f"{task}-{name}{source.suffix}"
-        if header is None:
-            path.write_text("".join(body[i] + "\n" for i in idx), encoding="utf-8")
-        else:
-            with path.open("w", encoding="utf-8", newline="") as f:
-                writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\")
-                writer.writerows([header, *(body[i] for i in idx)])
+        path.write_text("".join(f"{line}\n" for line in [*header, *(body[i] for i in idx)]),
+                        encoding="utf-8")
         paths.append(path)
     return paths[0], paths[1]
 
