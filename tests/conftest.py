@@ -9,10 +9,13 @@ config.json files; ``vocab_size`` follows the data, as in a real run.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 import pytest
@@ -187,6 +190,19 @@ def run_metrics() -> Callable[..., list[dict]]:
         return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
     return read
+
+
+@pytest.fixture(scope="session")
+def benchmark_script() -> Callable[[str], ModuleType]:
+    """Imports a script of benchmarks/ by its module name (the folder is on ``sys.path`` only
+    while it loads, as when the script runs from there)."""
+    def load(name: str) -> ModuleType:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        try:
+            return importlib.import_module(name)
+        finally:
+            sys.path.remove(str(ROOT / "benchmarks"))
+    return load
 
 
 @pytest.fixture(scope="session")

@@ -5,22 +5,13 @@ bertforge's GLUE reader reads both parts of a JSON Lines source (RTE's format)."
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import finetune_epoch_bench
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return finetune_epoch_bench
+def bench(benchmark_script):
+    return benchmark_script("finetune_epoch_bench")
 
 
 def _rte_like(path: Path, rows: int) -> list[str]:

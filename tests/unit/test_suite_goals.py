@@ -4,23 +4,16 @@ the same verdicts as that run wrote, and the MRPC accuracy row shows each seed's
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-RUN = BENCHMARKS / "results" / "2026-11-27-cpu-speed" / "summary.json"
+RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-11-27-cpu-speed" / "summary.json"
 
 
 @pytest.fixture(scope="module")
-def suite_speed():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import suite_speed
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return suite_speed
+def suite_speed(benchmark_script):
+    return benchmark_script("suite_speed")
 
 
 def test_goals_judged_again_from_a_stored_run_keep_their_verdicts(suite_speed) -> None:
