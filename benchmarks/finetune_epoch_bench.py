@@ -66,7 +66,8 @@ SHARED = Path(os.environ.get("BERTFORGE_BENCH_DATA") or ROOT.parent / "shared" /
 """The shared data folder (``BERTFORGE_BENCH_DATA`` elsewhere: the GPU check carries a copy)."""
 GLUE = {"mrpc": SHARED / "glue" / "MRPC" / "train.tsv",
         "rte": SHARED / "glue" / "RTE" / "train.jsonl"}
-"""The sentence-pair classification tasks: GLUE training files, split into training and held-out."""
+"""The binary sentence-pair GLUE tasks (a two-class head on both sides): their training files,
+split into training and held-out rows."""
 SQUAD = SHARED / "squad" / "dev-v1.1-part-a.json"
 TASKS = (*GLUE, "squad")
 SPLIT_SEED = 20261126
