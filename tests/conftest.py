@@ -196,12 +196,14 @@ def run_metrics() -> Callable[..., list[dict]]:
 def benchmark_script() -> Callable[[str], ModuleType]:
     """Imports a script of benchmarks/ by its module name (the folder is on ``sys.path`` only
     while it loads, as when the script runs from there)."""
+    folder = str(ROOT / "benchmarks")
+
     def load(name: str) -> ModuleType:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
+        sys.path.insert(0, folder)
         try:
             return importlib.import_module(name)
         finally:
-            sys.path.remove(str(ROOT / "benchmarks"))
+            sys.path.remove(folder)
     return load
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+
 @pytest.fixture(scope="module")
 def bench(benchmark_script):
     return benchmark_script("finetune_epoch_bench")
@@ -33,7 +34,7 @@ def _mrpc_like(path: Path, rows: int) -> list[str]:
 @pytest.mark.parametrize("name, make", [("rte", _rte_like), ("mrpc", _mrpc_like)])
 def test_split_keeps_every_row_once_and_holds_out_the_tasks_size(bench, monkeypatch, tmp_path,
                                                                   name, make) -> None:
-    source = tmp_path / f"source{'.jsonl' if name == 'rte' else '.tsv'}"
+    source = tmp_path / f"source{bench.GLUE[name].suffix}"
     rows = make(source, 40)
     monkeypatch.setitem(bench.GLUE, name, source)
     monkeypatch.setitem(bench.HELD_OUT, name, 7)

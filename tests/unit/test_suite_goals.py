@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-11-27-cpu-speed" / "summary.json"
+RUN = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-11-27-cpu-speed"
+       / "summary.json")
 
 
 @pytest.fixture(scope="module")
