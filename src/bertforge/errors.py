@@ -45,3 +45,12 @@ def os_error_text(exc: OSError) -> str:
     what = exc.strerror or str(exc)
     names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
     return f"{what}: {' -> '.join(names)}" if names else what
+
+
+def in_context(context: str, message: object, subject: str | None = None) -> str:
+    """``context: message`` for an error re-raised with what it was about, unless the message
+    already names ``subject`` (by default the context itself): a wrapped message that says
+    "model X: X holds no tokenizer" reads as a stutter, and one that names a thing twice
+    usually repeats its advice too."""
+    text = str(message)
+    return text if (subject or context) in text else f"{context}: {text}"

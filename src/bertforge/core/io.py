@@ -21,6 +21,7 @@ import math
 import os
 import secrets
 import socket
+import stat
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -31,7 +32,8 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-from bertforge.errors import ConfigError
+from bertforge.core.paths import named_file
+from bertforge.errors import ConfigError, UserError
 
 TMP_MARK = ".tmp-"
 log = logging.getLogger(__name__)
@@ -190,6 +192,98 @@ def check_output_file(path: str | os.PathLike[str], key: str) -> Path:
 
 LOCK_NAME = ".bertforge.lock"
 
+# Lock descriptors this process holds; a forked child closes its copies at once
+# (:func:`_drop_inherited_locks`).
+_HELD: set[int] = set()
+
+# Opening a file written in place never follows a link, never waits (a FIFO), never adopts a
+# terminal, never leaks into an exec'd program.
+_IN_PLACE = (os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+_LOCK_FLAGS = os.O_RDWR | _IN_PLACE
+APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | _IN_PLACE
+
+
+def _drop_inherited_locks() -> None:
+    """In a freshly forked child: close the copies of the lock descriptors it inherited.
+
+    ``flock`` belongs to the open file description, which stays locked while any process holds
+    a descriptor of it: a DataLoader worker orphaned by a SIGKILLed main process would keep the
+    output locked until it noticed, and the refusal would name the dead process. Closing a
+    copy never releases the parent's lock (only its last descriptor or ``LOCK_UN`` does).
+    """
+    for fd in _HELD:
+        with suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+def _kind(mode: int, links: int) -> str | None:
+    """What a path holds when it is not a regular file with one name; None when it is."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    if not stat.S_ISREG(mode):
+        return "not a file"
+    return f"a file with {links} names (a hard link)" if links != 1 else None
+
+
+def _not_ours(path: Path, what: str, where: str, kind: str) -> ConfigError:
+    return ConfigError(f"{where}: its {what} {path} is {kind}, not a regular file; it was left "
+                       f"untouched: remove it and run the command again (bertforge creates its "
+                       f"own {what})")
+
+
+def check_in_place(path: str | os.PathLike[str], what: str, where: str) -> None:
+    """``ConfigError`` unless ``path`` is absent or a regular file with one name (checked
+    without following a link), for a file bertforge writes in place (a lock, an appended log):
+    writing through a link planted there would change the link's target, opening a FIFO would
+    hang, and writing to a hard link would change the file's other name too."""
+    with suppress(FileNotFoundError):
+        st = os.lstat(path)
+        if kind := _kind(st.st_mode, st.st_nlink):
+            raise _not_ours(Path(path), what, where, kind)
+
+
+def open_in_place(path: str | os.PathLike[str], flags: int, what: str, where: str) -> int:
+    """A descriptor of the file bertforge writes in place at ``path`` (created if absent, with
+    ``flags``: :data:`APPEND_FLAGS` for a log): a regular file with one name, opened without
+    following a link and without blocking. Anything else there (a link to a file someone cares
+    about, a directory, a FIFO, a socket, a device, a hard link) is a ``ConfigError`` naming the
+    path and ``what`` it was to be, and is neither written nor removed."""
+    path = Path(path)
+    check_in_place(path, what, where)  # devices and FIFOs are refused before they are opened
+    try:
+        fd = os.open(path, flags | _IN_PLACE, 0o666)
+    except OSError as exc:
+        check_in_place(path, what, where)  # ELOOP, EISDIR, ENXIO: something put there since
+        raise ConfigError(f"{where}: its {what} {path} cannot be opened ({exc.strerror or exc});"
+                          " remove it or fix its permissions, and run the command again"
+                          ) from None
+    opened = os.fstat(fd)
+    if kind := _kind(opened.st_mode, opened.st_nlink):
+        os.close(fd)
+        raise _not_ours(path, what, where, kind)
+    return fd
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _still_named(path: Path, fd: int) -> bool:
+    """True while ``path`` names the very file open as ``fd`` (not a replacement, not a link)."""
+    try:
+        return _identity(os.lstat(path)) == _identity(os.fstat(fd))
+    except FileNotFoundError:
+        return False
+
 
 def _holder(fd: int) -> str:
     """What the lock file says about the process that holds it (best effort)."""
@@ -201,20 +295,52 @@ def _holder(fd: int) -> str:
         return ""
 
 
+def _acquire(path: Path, directory: Path, key: str) -> int:
+    """The locked descriptor of ``path``; ``ConfigError`` naming the holder when it is taken."""
+    while True:
+        fd = open_in_place(path, _LOCK_FLAGS, "lock file", f"{key} {directory}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise ConfigError(f"{key} {directory} is in use by another bertforge command"
+                              f"{holder}; wait for it to finish, or choose another {key}") from None
+        # The holder before us may have removed the file between our open and our lock.
+        if _still_named(path, fd):
+            return fd
+        os.close(fd)
+
+
+def _release(path: Path, fd: int, owner: int) -> None:
+    """Remove the lock file (if it is still ours) and unlock. Only the process that took the
+    lock does anything: a forked child that unwinds this far has already closed its copy."""
+    if os.getpid() != owner:
+        return
+    if _still_named(path, fd):  # never a file another command created in its place
+        with suppress(OSError):
+            os.unlink(path)  # before unlocking: no one can lock this file after us
+    _HELD.discard(fd)
+    os.close(fd)  # releases the lock
+
+
 @contextmanager
 def output_lock(directory: str | os.PathLike[str], key: str, command: str, *,
                 beside: bool = False) -> Iterator[Path]:
     """Hold an exclusive lock on ``directory`` while the body runs, so that two commands never
-    write into one output directory at once; a second one fails at once with a ``ConfigError``
-    naming the first (pid, host, command, start time).
+    write into one output at once; a second one fails at once with a ``ConfigError`` naming the
+    first (pid, host, command, start time).
 
     The lock is ``flock`` on ``directory/.bertforge.lock`` (the directory is created), or with
     ``beside`` on ``.NAME.bertforge.lock`` next to it, for an output published whole by a
-    rename (the directory must not exist yet). The kernel releases the lock when the holder
-    exits, however it exits (a SIGKILLed run leaves no stale lock); the file is removed on
-    release, and so is the directory if this call created it and it is still empty (a command
-    refused by its first checks leaves nothing behind). Where ``flock`` does not exist
-    (Windows), nothing is locked.
+    rename (a directory that must not exist yet, or a single file). The lock file is a regular
+    file that the lock opened itself, without following links; anything else at its path is a
+    one-line ``ConfigError`` and is never written. Only this process holds the lock: a forked
+    child (a DataLoader worker) closes its copy at once, so the kernel releases the lock the
+    moment this process exits, however it exits (a SIGKILLed run leaves no stale lock). The
+    file is removed on release if it is still the one we locked, and so is the directory if
+    this call created it and it is still empty (a command refused by its first checks leaves
+    nothing behind). Where ``flock`` does not exist (Windows), nothing is locked.
     """
     directory = Path(directory)
     created = not beside and not directory.exists()
@@ -226,33 +352,17 @@ def output_lock(directory: str | os.PathLike[str], key: str, command: str, *,
     if fcntl is None:
         yield directory
         return
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise ConfigError(f"{key} {directory} is in use by another bertforge command"
-                              f"{holder}; wait for it to finish, or choose another {key}") from None
-        try:  # the holder before us may have removed the file between our open and our lock
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
+    fd, owner = _acquire(path, directory, key), os.getpid()
+    _HELD.add(fd)
     try:
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+        info = {"pid": owner, "host": socket.gethostname(), "command": command,
                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         yield directory
     finally:
-        with suppress(OSError):
-            os.unlink(path)  # before unlocking: no one can lock this file after us
-        os.close(fd)  # releases the lock
-        if created:
+        _release(path, fd, owner)
+        if created and os.getpid() == owner:
             with suppress(OSError):  # fails unless empty: nothing written is ever removed
                 directory.rmdir()
 
@@ -285,17 +395,27 @@ def write_checksums(directory: str | os.PathLike[str], names: Iterable[str]) -> 
 def read_checksums(directory: str | os.PathLike[str]) -> dict[str, str] | None:
     """``{relative name: hex digest}`` from ``directory/checksums.sha256``, or None without one.
 
-    Raises ``ValueError`` naming the line when the file is not in ``sha256sum`` format.
+    Raises ``ValueError`` naming the line when the file is not in ``sha256sum`` format, names
+    a file twice, or names one outside ``directory`` (a checkpoint may come from anyone: its
+    list must not make bertforge read elsewhere).
     """
     path = Path(directory) / CHECKSUMS_NAME
     if not path.is_file():
         return None
     out: dict[str, str] = {}
+    first: dict[str, int] = {}
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         digest, sep, name = line.partition("  ")
         if not sep or len(digest) != 64 or not name:
             raise ValueError(f"{path}:{lineno}: not a 'SHA256  NAME' line")
-        out[name] = digest
+        if name in first:
+            raise ValueError(f"{path}:{lineno}: {name} is listed again (first at line "
+                             f"{first[name]}); each file once")
+        try:
+            named_file(path.parent, name, named_by=f"{path}:{lineno}")
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
+        out[name], first[name] = digest, lineno
     return out
 
 
@@ -314,7 +434,8 @@ def verify_checksums(directory: str | os.PathLike[str], recorded: dict[str, str]
     return problems
 
 
-__all__ = ["CHECKSUMS_NAME", "LOCK_NAME", "TMP_MARK", "atomic_write", "check_output_file",
-           "ensure_writable_dir", "finite_json", "fsync_dir", "fsync_file", "json_text",
-           "output_lock", "read_checksums", "sha256_file", "temp_name", "verify_checksums",
-           "write_bytes_atomic", "write_checksums", "write_json_atomic", "write_text_atomic"]
+__all__ = ["APPEND_FLAGS", "CHECKSUMS_NAME", "LOCK_NAME", "TMP_MARK", "atomic_write",
+           "check_in_place", "check_output_file", "ensure_writable_dir", "finite_json",
+           "fsync_dir", "fsync_file", "json_text", "open_in_place", "output_lock",
+           "read_checksums", "sha256_file", "temp_name", "verify_checksums", "write_bytes_atomic",
+           "write_checksums", "write_json_atomic", "write_text_atomic"]

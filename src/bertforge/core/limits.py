@@ -8,9 +8,13 @@ definition, two callers, so the two can never disagree.
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger("bertforge.settings")
 
 # bertforge.optim.build_optimizer; decoupled_adamw and the stableadamws are composer's /
 # ModernBERT's names, muon is Muon + AdamW (bertforge.optim.muon).
@@ -100,12 +104,36 @@ def check_phases(warmup: float, decay: float, names: tuple[str, str],
                     f"overlap), got {warmup!r} + {decay!r}")
 
 
+_SAID: set[tuple[str, str, str]] = set()
+_SAID_LOCK = threading.Lock()
+
+
+def setting_changed(key: str, old: Any, new: Any, why: str, *, default: bool = False,
+                    level: int = logging.WARNING) -> None:
+    """Say, once per process, that the setting ``key`` is used as ``new`` instead of ``old``
+    (``default``: ``old`` is the setting's default; a default or a saved value capped, rounded
+    or replaced), and ``why``: a setting never changes without a word, and a word said once is
+    not repeated per batch or request. ``level``: ``logging.INFO`` for a change that is the
+    expected reading of a common value, not a sign that something is wrong."""
+    said = (key, repr(old), repr(new))
+    with _SAID_LOCK:
+        if said in _SAID:
+            return
+        _SAID.add(said)
+    log.log(level, "%s: using %r instead of %s%r (%s)", key, new, "the default " * default, old,
+            why)
+
+
 def length_within(value: int | None, name: str, default: int, positions: int,
                   error: type[Exception] = ValueError) -> int:
     """A length setting against a model's ``positions``: ``value``, else ``default`` capped at
-    them; an explicit value beyond them raises ``error`` naming ``name`` (checked before any
-    data is read, so the run does not fail at the first long input)."""
+    them (said once, :func:`setting_changed`); an explicit value beyond them raises ``error``
+    naming ``name`` (checked before any data is read, so the run does not fail at the first
+    long input)."""
     if value is None:
+        if default > positions:
+            setting_changed(name, default, positions, f"the model has {positions} positions",
+                            default=True)
         return min(default, positions)
     if value > positions:
         raise error(f"{name}={value} exceeds the model's {positions} positions; lower it")
@@ -116,4 +144,4 @@ __all__ = ["ATTENTION_BACKENDS", "BETA", "DECAY", "DECAY_SHAPES", "DIST_TIMEOUT_
            "FRACTION", "FUSED_ATTENTION_BACKENDS", "LEARNING_RATE", "MASKED_LM_PROB",
            "MAX_GRAD_NORM", "MIN_LR_RATIO", "MIN_SEQUENCE_TOKENS", "MIN_TARGET_TOKENS",
            "OPTIMIZERS", "POWER", "PRECISIONS", "Range", "SCHEDULES", "WARMUP", "WEIGHT_DECAY",
-           "check_choice", "check_phases", "length_within"]
+           "check_choice", "check_phases", "length_within", "setting_changed"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import sys
+import typing
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
@@ -23,8 +24,11 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import (ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException,
                               ValidationError)
 
+from bertforge.core.arguments import checked
 from bertforge.core.io import write_text_atomic
 from bertforge.core.limits import check_choice
+from bertforge.core.paths import check_path_text
+from bertforge.core.numbers import ascii_int
 from bertforge.errors import ConfigError
 
 T = TypeVar("T")
@@ -65,19 +69,40 @@ def default_of(f: dataclasses.Field) -> Any:
 
 
 def check_fields(cfg: Any, prefix: str = "") -> None:
-    """The declared rules of ``cfg``'s own fields: set when required, one of ``choices``,
-    at least ``minimum``. Raises ConfigError naming the key."""
+    """The declared rules of ``cfg``'s own fields: set when required, not blank text, one of
+    ``choices``, at least ``minimum``. Raises ConfigError naming the key."""
     for f in dataclasses.fields(cfg):
         value, key = getattr(cfg, f.name), prefix + f.name
         if isinstance(value, str) and value == REQUIRED:
             raise ConfigError(f"config key '{key}' must be set")
         if value is None:
             continue
+        refuse_blank(value, key, f.metadata.get("positional", False))
         if f.metadata.get("choices") and isinstance(value, str):  # (true/false read as bools)
             check_choice(value, key, f.metadata["choices"], ConfigError)
         low = f.metadata.get("minimum")
         if low is not None and not (isinstance(value, (int, float)) and value >= low):
             raise ConfigError(f"{key} must be >= {low:g}, got {value!r}")
+
+
+def refuse_blank(value: Any, key: str, positional: bool | str = False) -> None:
+    """ConfigError naming the option when text given for ``key`` (or an item of a list of
+    texts) is empty or only white space: read as a path it would be the current directory, as
+    a name or a field nothing, and neither is what anybody means by it."""
+    option = (f"the {key.upper()} argument" if positional else
+              f"--{key}" if "." in key else flag(key))
+    for item in value if isinstance(value, list) else [value]:
+        check_path_text(item, option, "a value (see --help)")
+
+
+def refuse_blank_fields(cfg: Any, prefix: str = "") -> None:
+    """:func:`refuse_blank` over every field of ``cfg`` and of its sections."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            refuse_blank_fields(value, f"{prefix}{f.name}.")
+        elif value is not None:
+            refuse_blank(value, prefix + f.name)
 
 
 def run_defining_keys(cls: type, prefix: str = "") -> list[str]:
@@ -158,6 +183,10 @@ def _parse_overrides(overrides: Sequence[str]) -> list[str]:
         item = raw[2:] if raw.startswith("--") else raw
         if "=" not in item:
             raise ConfigError(f"override '{raw}' must look like --section.key=value")
+        key, _, value = item.partition("=")
+        if not value.strip():
+            raise ConfigError(f"--{key} is given no value ({raw!r}); give one, or null to "
+                              "unset an optional setting")
         dotlist.append(item)
     return dotlist
 
@@ -198,7 +227,38 @@ def _layers(cls: type, path: str | Path | None, overrides: Sequence[str],
         layers.append(("the command line", _escape(dict(values))))
     dotted = OmegaConf.to_container(OmegaConf.from_dotlist(_parse_overrides(overrides)))
     layers.append(("the command line", dotted))
-    return [(where, _rename_aliases(cls, data, where)) for where, data in layers]
+    renamed = [(where, _rename_aliases(cls, data, where)) for where, data in layers]
+    for where, data in renamed:
+        _check_whole_numbers(cls, data, where)
+    return renamed
+
+
+def _is_int(hint: Any) -> bool:
+    """``int``, ``Optional[int]`` or a list of them."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (list, typing.Union) and len(args) == 1:
+        return _is_int(args[0])
+    return hint is int
+
+
+def _check_whole_numbers(cls: type, data: Any, where: str, prefix: str = "") -> None:
+    """Text given for an integer key must be ASCII digits: OmegaConf would convert it with
+    ``int``, which reads "３" as 3 and fails on "²" with a message that names no digits."""
+    if not isinstance(data, dict):
+        return
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value, sub = data[f.name], section_type(f)
+        if sub is not None:
+            _check_whole_numbers(sub, value, where, f"{prefix}{f.name}.")
+        elif _is_int(hints[f.name]):
+            for item in value if isinstance(value, list) else [value]:
+                if (isinstance(item, str) and item != REQUIRED and "${" not in item
+                        and ascii_int(item, negative=True) is None):
+                    raise ConfigError(f"bad value for '{prefix}{f.name}' in {where}: {item!r} "
+                                      "is not a whole number written with the digits 0-9")
 
 
 def _merge(cls: type, schema: Any, layer: Any, where: str) -> Any:
@@ -219,6 +279,7 @@ def _merge(cls: type, schema: Any, layer: Any, where: str) -> Any:
         raise ConfigError(f"invalid config in {where}: {exc}") from None
 
 
+@checked
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = (),
                 *, values: Mapping[str, Any] | None = None) -> T:
     """Build ``cls`` from its defaults, then a YAML file, then the command line: ``values``
@@ -301,5 +362,6 @@ def describe(cls: type, prefix: str = "") -> list[str]:
 
 
 __all__ = ["REQUIRED", "check_fields", "closest_key", "config_keys", "default_of", "describe",
-           "deprecation_note", "flag", "load_config", "opt", "run_defining_keys", "save_config",
-           "section_type", "to_dict", "unknown_key_error"]
+           "deprecation_note", "flag", "load_config", "opt", "refuse_blank",
+           "refuse_blank_fields", "run_defining_keys", "save_config", "section_type", "to_dict",
+           "unknown_key_error"]
