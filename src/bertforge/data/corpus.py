@@ -14,7 +14,6 @@ from __future__ import annotations
 import bz2
 import glob
 import gzip
-import json
 import lzma
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from xml.etree import ElementTree
 
 from bertforge.data.lines import DECOMPRESS_ERRORS, iter_lines
 from bertforge.data.segment import split_sentences, wiki_to_paragraphs
+from bertforge.core.jsonfile import parse_json
 from bertforge.core.limits import INPUT_FORMATS as FORMATS
 from bertforge.errors import ConfigError, DataError
 
@@ -306,10 +306,10 @@ def _jsonl_documents(
     for lineno, line in iter_lines(stream, path, notes, stats, MAX_JSON_LINE_CHARS, split=False):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            notes(f"{path}:{lineno}: not valid JSON ({exc.msg}); line skipped", kind="bad JSON")
+        try:  # invalid JSON, or a key given twice (which text was meant?)
+            record = parse_json(line, str(path), line=lineno)
+        except DataError as exc:
+            notes(f"{exc}; line skipped", kind="bad JSON")
             continue
         text = record.get(text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):

@@ -37,8 +37,8 @@ def inspect_dataset(path: str | Path, num: int = 3, seed: int = 0, *,
         raise DataError(f"{path}: no such file or directory; give a `bertforge prepare` output "
                         "directory or hdf5 shard(s)")
     if path.is_dir() and (path / native.MANIFEST_NAME).is_file():
-        manifest = native.read_manifest(path, native_only=False)
-        tok = _tokenizer(vocab, [path / manifest.get("tokenizer", "tokenizer")])
+        manifest = native.read_manifest(path, native_only=False, required=_SHOWN)
+        tok = _tokenizer(vocab, [native.manifest_tokenizer(path, manifest, "tokenizer")])
         head = _manifest_summary(path, manifest)
         if manifest["format"] == native.FORMAT_NAME:
             return head + "\n\n" + _native_samples(path, manifest, tok, num, seed)
@@ -66,6 +66,14 @@ def _tokenizer(vocab: str | Path | None, candidates: Sequence[Path]) -> Any:
     return None
 
 
+# The manifest keys the summary and the masked samples read (every manifest prepare writes
+# has them; one written by hand may not).
+_SHOWN = ("objective", "max_seq_length", "seed", "vocab_size", "vocab_hash", "do_lower_case",
+          "special_ids.pad", "special_ids.mask", "masked_lm_prob", "max_predictions",
+          "whole_word_masking", "counts.documents", "counts.sentences", "counts.instances",
+          "counts.tokens")
+
+
 def _manifest_summary(path: Path, m: dict[str, Any]) -> str:
     c = m["counts"]
     lines = [
@@ -77,16 +85,18 @@ def _manifest_summary(path: Path, m: dict[str, Any]) -> str:
          if m["objective"] == "denoise" else
          f"  masking    masked_lm_prob {m['masked_lm_prob']}, max_predictions "
          f"{m['max_predictions']}, whole_word_masking {m['whole_word_masking']}"
-         + (f", dupe_factor {m['dupe_factor']} (static)" if m["format"] != native.FORMAT_NAME
-            else " (loader defaults)")),
+         + (f", dupe_factor {m.get('dupe_factor', '?')} (static)"
+            if m["format"] != native.FORMAT_NAME else " (loader defaults)")),
         f"  totals     {c['documents']:,} documents, {c['sentences']:,} sentences, "
         f"{c['instances']:,} instances, {c['tokens']:,} tokens",
     ]
     for name, s in m["splits"].items():
-        lines.append(f"  {name:<10} {s['instances']:,} instances in {len(s['shards'])} shard(s), "
-                     f"{s['tokens']:,} tokens")
-        total = max(1, s["instances"])
-        for lo, hi, count in s["length_histogram"]:
+        instances = s.get("instances", sum(shard["instances"] for shard in s["shards"]))
+        tokens = f"{s['tokens']:,} tokens" if "tokens" in s else "tokens not recorded"
+        lines.append(f"  {name:<10} {instances:,} instances in {len(s['shards'])} shard(s), "
+                     f"{tokens}")
+        total = max(1, instances)
+        for lo, hi, count in s.get("length_histogram", []):
             bar = "#" * max(1, round(40 * count / total)) if count else ""
             lines.append(f"    len {lo:>4}-{hi:<4} {count:>9,}  {bar}")
     return "\n".join(lines)
@@ -98,8 +108,12 @@ def _tokens(tok: Any, ids: Sequence[int]) -> list[str]:
 
 
 def _native_samples(path: Path, m: dict[str, Any], tok: Any, num: int, seed: int) -> str:
-    split = "train" if m["splits"].get("train", {}).get("instances") else next(
-        (s for s, v in m["splits"].items() if v["instances"]), "train")
+    def count(split: dict[str, Any]) -> int:
+        return split.get("instances", sum(shard["instances"] for shard in split["shards"]))
+
+    splits = m["splits"]
+    split = "train" if "train" in splits and count(splits["train"]) else next(
+        (s for s, v in splits.items() if count(v)), "train")
     ds = native.NativeDataset(path, split)
     if len(ds) == 0:
         return f"(split {split} holds no instances)"

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from bertforge.core.signals import ignore_stop_signals, starting_workers
 from bertforge.data.collate.mlm import MaskingSpec, MicroBatchMaker, masking_spec
 from bertforge.data.masking import order_rng
 from bertforge.errors import CheckpointError, DataError
@@ -225,10 +226,15 @@ class PretrainingLoader:
             # A private generator: DataLoader draws its workers' base seed from it instead of the
             # global torch RNG, so starting the loader never shifts the model's dropout stream
             # (a resumed run must draw the same dropout masks as an uninterrupted one).
-            batches = iter(torch.utils.data.DataLoader(
-                self._maker, batch_size=None, sampler=_KeyStream(keys),
-                num_workers=self.num_workers, pin_memory=self.pin_memory,
-                generator=torch.Generator().manual_seed(self.seed)))
+            # Workers ignore stop signals from their first instruction: a Ctrl-C or SIGTERM
+            # sent to the whole process group is the main process's to act on (it finishes the
+            # step and saves), and a worker killed by it would end the run with an error.
+            with starting_workers():
+                batches = iter(torch.utils.data.DataLoader(
+                    self._maker, batch_size=None, sampler=_KeyStream(keys),
+                    num_workers=self.num_workers, pin_memory=self.pin_memory,
+                    worker_init_fn=ignore_stop_signals,
+                    generator=torch.Generator().manual_seed(self.seed)))
         step = 0
         for batch in batches:
             step += 1

@@ -33,10 +33,13 @@ import json
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from bertforge.core.jsonfile import read_json_object
+from bertforge.core.paths import named_file
+from bertforge.data.manifest_shape import check_manifest_shape
 from bertforge.errors import DataError
 
 FORMAT_NAME = "bertforge-native"
@@ -162,10 +165,13 @@ class InstanceView:
     nsp_label: int
 
 
-def read_manifest(path: str | Path, *, native_only: bool = True) -> dict[str, Any]:
-    """Load ``manifest.json`` from a prepared directory (or the file itself) and check its format.
+def read_manifest(path: str | Path, *, native_only: bool = True,
+                  required: Sequence[str] = ()) -> dict[str, Any]:
+    """Load ``manifest.json`` from a prepared directory (or the file itself) and check its format
+    and the shape of every key a reader reads (``data.manifest_shape``).
 
     With ``native_only=False`` a manifest of an hdf5 output (``bertforge-hdf5``) is accepted too.
+    ``required``: keys the caller reads without a default (``check_manifest_shape``).
     """
     path = Path(path)
     file = path / MANIFEST_NAME if path.is_dir() else path
@@ -174,10 +180,7 @@ def read_manifest(path: str | Path, *, native_only: bool = True) -> dict[str, An
             f"{file}: no manifest; is {path} a directory written by `bertforge prepare`? "
             "If prepare was interrupted, re-run the same command to finish it"
         )
-    try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{file}: not valid JSON ({e}); re-run `bertforge prepare`")
+    manifest = read_json_object(file, hint="re-run `bertforge prepare`")
     fmt = manifest.get("format")
     if fmt == HDF5_DIR_FORMAT and native_only:
         raise DataError(f"{file}: this directory holds static-masked hdf5 shards, not native ones; "
@@ -190,7 +193,19 @@ def read_manifest(path: str | Path, *, native_only: bool = True) -> dict[str, An
             f"{file}: format version {manifest.get('format_version')} is not supported by this "
             f"bertforge (reads version {FORMAT_VERSION}); re-run `bertforge prepare`"
         )
+    check_manifest_shape(manifest, file, required)
     return manifest
+
+
+def manifest_tokenizer(root: Path, manifest: dict[str, Any],
+                       default: str | None = None) -> Path | None:
+    """The tokenizer folder a prepared directory's manifest names (``default`` when it names
+    none), confined to ``root`` (``bertforge.core.paths.named_file``); None when neither."""
+    name = manifest.get("tokenizer", default)
+    if name is None:
+        return None
+    return named_file(root, name, named_by=f"{root / MANIFEST_NAME} (tokenizer)",
+                      error=DataError, fix="re-run `bertforge prepare`")
 
 
 class NativeDataset:
@@ -212,7 +227,9 @@ class NativeDataset:
             )
         self.split = split
         shards = splits[split]["shards"]
-        self.shard_paths = [self.root / s["file"] for s in shards]
+        self.shard_paths = [named_file(self.root, s.get("file"), error=DataError,
+                                       named_by=f"{self.root / MANIFEST_NAME} (split {split})",
+                                       fix="re-run `bertforge prepare`") for s in shards]
         counts = np.array([s["instances"] for s in shards], dtype=np.int64)
         # starts[k] = global index of shard k's first instance; starts[-1] = len(self).
         self.starts = np.concatenate([[0], np.cumsum(counts)])

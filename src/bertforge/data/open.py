@@ -35,7 +35,8 @@ def _manifest_defaults(root: Path, manifest: dict[str, Any],
 
         # The data's own tokenizer says what continues a word (WordPiece's "##", byte-level
         # BPE's tokens without "Ġ").
-        out["is_continuation"] = load_tokenizer(root / manifest["tokenizer"]).is_continuation
+        out["is_continuation"] = load_tokenizer(
+            native.manifest_tokenizer(root, manifest)).is_continuation
     return out
 
 

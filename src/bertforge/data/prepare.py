@@ -43,9 +43,10 @@ from bertforge.data.prepare_report import (  # noqa: F401 (the estimate's consta
     BYTES_PER_TOKEN, TOKENS_PER_SENTENCE, PrepareReport, estimate_bytes as _estimate_bytes,
     human as _human)
 from bertforge.data.prepare_worker import load_tokenizer
+from bertforge.core.jsonfile import read_json_object
 from bertforge.errors import DataError
 from bertforge.core.io import LOCK_NAME, output_lock, write_json_atomic
-from bertforge.core.signals import Stopped, raise_on_stop
+from bertforge.core.signals import Stopped, raise_on_stop, starting_workers
 
 SETTINGS_NAME = "prepare-settings.json"
 TOKENIZER_DIR = "tokenizer"
@@ -209,8 +210,11 @@ def _run_chunks(cfg: PrepareConfig, sources: _Sources, pool: ProcessPoolExecutor
         if done is not None:
             shards.resumed += 1
             task = {"index": task["index"], "bytes": task["bytes"], "splits": done}
-        pending.append((pool.submit(worker.process_chunk, task)
-                        if pool and done is None else None, task))
+        future = None
+        if pool and done is None:
+            with starting_workers():  # a submit may start a worker process
+                future = pool.submit(worker.process_chunk, task)
+        pending.append((future, task))
         # Harvest in input order; finished (resumed) chunks at the front go straight through.
         while pending and (len(pending) > limit or "splits" in pending[0][1]):
             shards.results.append(_harvest(*pending.pop(0), bar))
@@ -250,8 +254,8 @@ def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: boo
     settings_file = output / SETTINGS_NAME
     if settings_file.is_file():
         try:
-            old = json.loads(settings_file.read_text(encoding="utf-8")).get("fingerprint")
-        except (ValueError, AttributeError):
+            old = read_json_object(settings_file).get("fingerprint")
+        except DataError:  # damaged: not this run's settings, so treated as other settings
             old = None
         if old != fingerprint:
             if not overwrite:
@@ -328,8 +332,12 @@ def _pool(workers: int, job: dict[str, Any], tokenizer: Any) -> ProcessPoolExecu
     if workers == 1:
         worker.init_worker(job, parent_pid=None, tokenizer=tokenizer)
         return None
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                               initializer=worker.init_worker, initargs=(job, os.getpid()))
+    # The pool's queues start multiprocessing's resource tracker: a process of ours too, which
+    # would die of a SIGUSR1 sent to the group (it ignores only SIGINT and SIGTERM) and be
+    # relaunched with tracebacks; it inherits the blocked signals instead.
+    with starting_workers():
+        return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                   initializer=worker.init_worker, initargs=(job, os.getpid()))
 
 
 def _kill_workers(pool: ProcessPoolExecutor | None) -> None:

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import random
-import signal
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 from bertforge.data import native, native_writer
 from bertforge.data.instances import Instance, create_instances
 from bertforge.errors import DataError, UserError
-from bertforge.core.signals import STOP_SIGNALS
+from bertforge.core.signals import ignore_stop_signals
 
 HDF5_SUFFIX = ".hdf5"
 PARENT_POLL_S = 0.5  # how soon a pool worker notices that the main process is gone
@@ -70,9 +69,8 @@ def init_worker(job: dict[str, Any], parent_pid: int | None, tokenizer: Any = No
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         # Ctrl-C reaches every process of the terminal, and `timeout` or a batch scheduler may
         # signal the whole process group: the main process decides what stops, and lets the
-        # running chunks finish.
-        for sig in (signal.SIGINT, *STOP_SIGNALS):
-            signal.signal(sig, signal.SIG_IGN)
+        # running chunks finish. (The pool starts workers with these signals blocked.)
+        ignore_stop_signals()
         _exit_with_parent(parent_pid)
     _JOB.clear()
     _JOB.update(job, tokenizer=tokenizer or load_tokenizer(job["vocab_path"]))

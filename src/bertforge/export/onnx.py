@@ -4,8 +4,8 @@ PyTorch.
 The output directory is self-contained for runtimes without PyTorch: ``model.onnx`` (inputs
 the family's: ``input_ids``/``attention_mask``, plus ``token_type_ids`` for BERT, (batch,
 sequence) int64, both axes dynamic; outputs named after the head's fields, see ``bertforge.export.heads``), ``config.json`` (labels,
-task), the tokenizer files, ``generation_config.json`` / ``config.yaml`` when the model has
-them, optionally ``model.int8.onnx`` and a Triton model repository, and ``export.json``
+task), the tokenizer files, ``generation_config.json`` / ``config.yaml`` and a
+sentence-transformers model's pooling and length files when the model has them, optionally ``model.int8.onnx`` and a Triton model repository, and ``export.json``
 recording the exporter, opset, versions, parity and quantization numbers.
 
 Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export) is tried first; when it cannot run
@@ -44,6 +44,7 @@ from bertforge.export.inputs import (Batch, EncodedSample, encode_sample, read_s
                                      synthetic_batches, trimmed)
 from bertforge.export.quantize import QuantizationReport, compare_int8, quantize_int8
 from bertforge.export.runtime import FP32_FILE, INT8_FILE, ort_session, require_onnx
+from bertforge.export.sentence_transformers import copy_sentence_transformers_files
 from bertforge.core.io import (fsync_dir, output_lock, temp_name, write_bytes_atomic,
                                write_json_atomic)
 
@@ -298,6 +299,9 @@ def _export_locked(model_dir: Path, output: Path, *, opset: int, quantize: str |
             if (model_dir / name).is_file():
                 write_bytes_atomic(work / name, (model_dir / name).read_bytes())
         tokenizer.save(work)
+        # An embedding model's pooling, normalization and input limit travel with it, so the
+        # export answers with the vectors of the directory it came from.
+        copy_sentence_transformers_files(model_dir, work)
         if quantize == "int8":
             int8_path = work / INT8_FILE
             quantize_int8(fp32_path, int8_path)

@@ -20,7 +20,6 @@ provider when the CUDA libraries fail to load: a server must not say "cuda" whil
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from bertforge.core.jsonfile import read_json_object
 from bertforge.errors import CheckpointError, ConfigError, UserError
 from bertforge.export.heads import EXPORTABLE, HeadSpec, resolve_head
 from bertforge.tasks.registry import SEQUENCE as SEQUENCE_AXIS
@@ -233,7 +233,8 @@ class OnnxModel:
         """export.json of the directory ({} when absent): exporter, opset, parity numbers."""
         info = directory / "export.json"
         if info.is_file():
-            self.export_info = json.loads(info.read_text(encoding="utf-8"))
+            self.export_info = read_json_object(info, error=ConfigError,
+                                                hint="export the model again")
 
     def __call__(self, input_ids: torch.Tensor | np.ndarray,
                  attention_mask: torch.Tensor | np.ndarray | None = None,

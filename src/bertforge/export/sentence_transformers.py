@@ -9,28 +9,32 @@ when vectors are scaled to unit length, a normalize module (``2_Normalize``). So
 ``/v1/embeddings`` give for the same text.
 
 Both directions live here: :func:`read_pooling` tells the feature-extraction pipeline which
-pooling and normalization a directory was saved with (its defaults), and
-:func:`write_sentence_transformers_files` / :func:`export_sentence_transformers` write them.
+pooling and normalization a directory was saved with (its defaults), :func:`saved_max_seq_length`
+the input limit every reader of the directory keeps to (the pipelines, the server, both exports),
+and :func:`write_sentence_transformers_files` / :func:`export_sentence_transformers` write them.
 The files use the keys every sentence-transformers release reads (``pooling_mode_mean_tokens``
 and the other booleans, ``word_embedding_dimension``); newer releases convert them on load.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertforge.core.io import fsync_dir, output_lock, temp_name, write_json_atomic
+from bertforge.core.io import (fsync_dir, output_lock, temp_name, write_bytes_atomic,
+                               write_json_atomic)
+from bertforge.core.jsonfile import read_json
+from bertforge.core.paths import named_file
 from bertforge.errors import ConfigError
 
 POOLINGS = ("mean", "cls")
 """The pooling modes bertforge computes and writes (sentence-transformers has more; a directory
 saved with another is read, and the feature-extraction pipeline refuses it)."""
 MODULES_FILE = "modules.json"
+SENTENCE_BERT_CONFIG = "sentence_bert_config.json"
 POOLING_DIR = "1_Pooling"
 NORMALIZE_DIR = "2_Normalize"
 _TYPES = {"transformer": "sentence_transformers.models.Transformer",
@@ -54,11 +58,8 @@ class SavedPooling:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} cannot be read as JSON ({exc}); write it again with "
-                          "`bertforge export sentence-transformers`") from None
+    return read_json(path, error=ConfigError, hint="write it again with `bertforge export "
+                     "sentence-transformers`")
 
 
 def _pooling_mode(config: Any, path: Path) -> str:
@@ -85,12 +86,63 @@ def read_pooling(directory: str | os.PathLike[str]) -> SavedPooling | None:
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
     if "Pooling" not in kinds:
         return None
-    pooling_path = directory / str(kinds["Pooling"].get("path", POOLING_DIR)) / "config.json"
+    folder = kinds["Pooling"].get("path", POOLING_DIR)
+    # The module's folder is a name from the file: it must stay inside the model directory.
+    pooling_path = named_file(directory, f"{folder}/config.json" if isinstance(folder, str)
+                              and folder.strip("/") else folder,
+                              named_by=f"{modules_path} (the pooling module's path)",
+                              fix="export the model again")
     if not pooling_path.is_file():
         raise ConfigError(f"{modules_path} lists a pooling module but {pooling_path} is "
                           "missing; export the model again")
     mode = _pooling_mode(_read_json(pooling_path), pooling_path)
     return SavedPooling(pooling=mode, normalize="Normalize" in kinds, source=str(pooling_path))
+
+
+def saved_max_seq_length(directory: str | os.PathLike[str]) -> int | None:
+    """The ``max_seq_length`` of a sentence-transformers directory's
+    ``sentence_bert_config.json``: the tokens its transformer was trained on, where
+    sentence-transformers cuts every input (all-MiniLM-L6-v2: 256 of its 512 positions). None
+    without the file or the key (sentence-transformers then takes the tokenizer's limit);
+    ``ConfigError`` for a value that is not a whole number of tokens >= 1."""
+    path = Path(directory) / SENTENCE_BERT_CONFIG
+    if not path.is_file():
+        return None
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} must hold a JSON object with max_seq_length; write it again "
+                          "with `bertforge export sentence-transformers`")
+    value = config.get("max_seq_length")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{path}: max_seq_length must be a whole number of tokens >= 1, got "
+                          f"{value!r}; set it to the length the model was trained on")
+    return value
+
+
+def copy_sentence_transformers_files(source: str | os.PathLike[str],
+                                     target: str | os.PathLike[str]) -> list[str]:
+    """Copy what a sentence-transformers directory says about its vectors (``modules.json``,
+    ``sentence_bert_config.json``, the pooling module's config, the normalize module's folder)
+    from ``source`` to ``target``, so a copy of its model in another format (an ONNX export)
+    is read with the same pooling, normalization and input limit. Returns the paths written,
+    relative to ``target``; none for a directory without them."""
+    source, target = Path(source), Path(target)
+    saved = read_pooling(source)  # checks modules.json and the pooling config
+    saved_max_seq_length(source)  # refuses an unusable limit before anything is copied
+    names = [name for name in (MODULES_FILE, SENTENCE_BERT_CONFIG) if (source / name).is_file()]
+    if saved is not None:
+        names.append(str(Path(saved.source).relative_to(source)))
+    written = []
+    for name in names:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(target / name, (source / name).read_bytes())
+        written.append(name)
+    if saved is not None and saved.normalize:
+        (target / NORMALIZE_DIR).mkdir(exist_ok=True)
+        written.append(f"{NORMALIZE_DIR}/")
+    return written
 
 
 def write_sentence_transformers_files(directory: str | os.PathLike[str], *, pooling: str,
@@ -114,7 +166,7 @@ def write_sentence_transformers_files(directory: str | os.PathLike[str], *, pool
                       "include_prompt": True}
     (directory / POOLING_DIR).mkdir(exist_ok=True)
     files = {MODULES_FILE: modules,
-             "sentence_bert_config.json": {"max_seq_length": max_seq_length,
+             SENTENCE_BERT_CONFIG: {"max_seq_length": max_seq_length,
                                            "do_lower_case": False},
              f"{POOLING_DIR}/config.json": pooling_config}
     for name, payload in files.items():
@@ -185,7 +237,10 @@ def _write_encoder(model_dir: Path, work: Path, pooling: str, normalize: bool) -
     bare = source.replace(finetuning_task=None)
     encoder = load_model(bare, "base")
     encoder.save_pretrained(work, tokenizer=tokenizer)
-    length = min(tokenizer.model_max_length, config.max_position_embeddings)
+    # The length the source was made for, when it says (a sentence-transformers directory).
+    saved = saved_max_seq_length(model_dir)
+    length = min(tokenizer.model_max_length, config.max_position_embeddings,
+                 saved if saved is not None else tokenizer.model_max_length)
     extra = write_sentence_transformers_files(work, pooling=pooling, normalize=normalize,
                                               dimensions=config.hidden_size,
                                               max_seq_length=length)
@@ -193,5 +248,6 @@ def _write_encoder(model_dir: Path, work: Path, pooling: str, normalize: bool) -
         e for e in extra if e.endswith("/")]
 
 
-__all__ = ["POOLINGS", "SavedPooling", "export_sentence_transformers", "read_pooling",
+__all__ = ["POOLINGS", "SENTENCE_BERT_CONFIG", "SavedPooling", "copy_sentence_transformers_files",
+           "export_sentence_transformers", "read_pooling", "saved_max_seq_length",
            "write_sentence_transformers_files"]

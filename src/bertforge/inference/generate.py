@@ -16,6 +16,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 import torch
 
+from bertforge.core.limits import setting_changed
 from bertforge.data.collate.seq2seq import pad_rows
 from bertforge.errors import ConfigError, DataError
 from bertforge.models.generation import GenerationConfig, generate
@@ -63,6 +64,8 @@ def fit_positions(settings: GenerationConfig, positions: int, given: dict[str, A
                           f"outputs of {longest} tokens (decoder start included) exceed the "
                           f"{positions} positions of {source}; at most "
                           f"{positions - (name == 'max_new_tokens')}")
+    setting_changed(f"{source}: generation max_length", longest, positions,
+                    f"outputs of {longest} tokens would exceed the model's {positions} positions")
     return settings.replace(max_length=positions, max_new_tokens=None)
 
 

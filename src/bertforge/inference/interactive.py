@@ -23,6 +23,7 @@ from bertforge.tasks.registry import get_task, predict_modes
 MODES = predict_modes()
 """``bertforge predict`` mode -> task (the task registry's ``predict_mode`` of each task)."""
 PIPE_BATCH = 32  # stdin lines answered per batch when stdin is not a terminal
+CUT_ON_THE_COMMAND_LINE = "use --truncation truncate"
 QUESTION_MODE = next(m for m, task in MODES.items()
                      if get_task(task).serving.form == "question-context")
 """The mode that asks about one passage (question answering); every other takes texts."""
@@ -118,8 +119,8 @@ def run_predict(mode: str, model: str | Path, *, question: str | None = None,
         for where, text in batch:
             try:
                 requests.append(pipeline.parse(item(text)))
-            except InputError as exc:
-                raise DataError(f"{where}: {exc}") from None
+            except InputError as exc:  # in the command line's words: --truncation, not truncate=
+                raise DataError(f"{where}: {exc.renamed({}, CUT_ON_THE_COMMAND_LINE)}") from None
         for (_, text), result in zip(batch, pipeline.run(requests)):
             emit(text, result)
 

@@ -13,7 +13,6 @@ fine-tuning code (:func:`score_v1`, :func:`score_v2`).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import string
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertforge.core.jsonfile import read_json
 from bertforge.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def questions_from_dataset(dataset: Any, source: str = "dataset", *,
         raise DataError(f"{source}: 'data' must be a list of articles, got "
                         f"{type(dataset).__name__}; give a SQuAD dev JSON file")
     questions: list[SquadQuestion] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # id -> where it was first used
     for i, article in enumerate(dataset):
         where = f"data[{i}]"
         paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
@@ -106,8 +106,9 @@ def questions_from_dataset(dataset: Any, source: str = "dataset", *,
                 questions.append(_question(qa, f"{pwhere}.qas[{k}]", source, require_answers))
                 if questions[-1].qid in seen:
                     raise DataError(f"{source}: {pwhere}.qas[{k}]: question id "
-                                    f"{questions[-1].qid!r} appears twice; ids must be unique")
-                seen.add(questions[-1].qid)
+                                    f"{questions[-1].qid!r} was already used at "
+                                    f"{seen[questions[-1].qid]}; ids must be unique")
+                seen[questions[-1].qid] = f"{pwhere}.qas[{k}]"
     if not questions:
         raise DataError(f"{source}: the dataset has no questions; give a SQuAD dev JSON file")
     return questions
@@ -252,18 +253,12 @@ def squad_v2_scores(dataset: list[dict[str, Any]], predictions: Mapping[str, str
 
 
 def _load_json(path: Path, what: str) -> Any:
-    """Parse a JSON file, turning the ways it can fail into one-line :class:`DataError` messages."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")  # a byte order mark is dropped
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file; give the {what}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read the {what} ({e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column "
-                        f"{e.colno}); give the {what} as a JSON file") from None
+    """Parse a JSON file (``bertforge.core.jsonfile``: a byte-order mark dropped, errors at
+    ``FILE:LINE:COLUMN``, a key given twice refused with both places: two predictions for one
+    question id are one too many) as a one-line :class:`DataError`."""
+    if not Path(path).exists():
+        raise DataError(f"{path}: no such file; give the {what}")
+    return read_json(path, hint=f"give the {what} as a JSON file")
 
 
 def _is_v2(doc: dict[str, Any], path: Path) -> bool:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from bertforge.core.arguments import checked
 from bertforge.errors import ConfigError
 from bertforge.core.io import write_json_atomic
+from bertforge.core.jsonfile import read_json_object
 
 # Keys transformers writes into every config.json. A dict holding one of them was written by
 # transformers, whose configs carry many generic attributes: unknown keys are then tolerated.
@@ -32,21 +33,11 @@ C = TypeVar("C", bound="ModelConfig")
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The parsed config.json at ``path``; ConfigError naming the file when it cannot be read
-    or is not a JSON object."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read model config {path}: "
-                          f"{getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object of config fields, got "
-                          f"{type(data).__name__}")
-    return data
+    """The parsed config.json at ``path``; ConfigError naming the file (and the line and column
+    of invalid JSON, both places of a key given twice) when it cannot be read or is not a JSON
+    object. A byte-order mark is accepted."""
+    return read_json_object(path, error=ConfigError, what="model config",
+                            hint="fix the file, or save the model again")
 
 
 def config_file(path: Path) -> Path | None:
@@ -75,6 +66,35 @@ def head_split(width: int) -> str:
     count = min((n for n in range(1, width + 1) if width % n == 0),
                 key=lambda n: (abs(width // n - 64), n))
     return f"{count} head{'s' * (count > 1)} of {width // count}"
+
+
+def check_label_maps(data: dict[str, Any]) -> None:
+    """ConfigError when config.json's label maps name one label twice: two ids with one name
+    in ``id2label``, two names with one id in ``label2id``, or a ``label2id`` over the same
+    names that contradicts ``id2label`` (a prediction's label would depend on which map a
+    reader takes). A ``label2id`` left at transformers' ``LABEL_N`` defaults is not compared."""
+    id2label, label2id = data.get("id2label"), data.get("label2id")
+    if isinstance(id2label, dict):
+        first: dict[Any, Any] = {}
+        for key, name in id2label.items():
+            if name in first:
+                raise ConfigError(f"id2label gives the name {name!r} to ids {first[name]} and "
+                                  f"{key}; give each label its own name")
+            first[name] = key
+    if not isinstance(label2id, dict):
+        return
+    names: dict[Any, Any] = {}
+    for name, key in label2id.items():
+        if key in names:
+            raise ConfigError(f"label2id gives id {key!r} to both {names[key]!r} and {name!r}; "
+                              "give each label its own id")
+        names[key] = name
+    if isinstance(id2label, dict) and set(label2id) == set(id2label.values()):
+        for key, name in id2label.items():
+            if str(label2id[name]) != str(key):
+                raise ConfigError(f"id2label gives id {key} the name {name!r} but label2id "
+                                  f"gives {name!r} id {label2id[name]!r}; make the two maps "
+                                  "agree (or drop label2id)")
 
 
 class ModelConfig:
@@ -192,6 +212,7 @@ class ModelConfig:
         written_by_hf = any(key in data for key in HF_MARKERS)
         try:
             data = cls.check_hf_semantics(data)
+            check_label_maps(data)
             id2label = data.get("id2label")
             if id2label is not None:
                 if "num_labels" in data and data["num_labels"] != len(id2label):
@@ -215,6 +236,7 @@ class ModelConfig:
         return cls.from_dict(read_config_file(Path(path)), source=str(path))
 
     @classmethod
+    @checked
     def from_preset(cls: type[C], name: str, **overrides: Any) -> C:
         """Config of the named preset with ``overrides`` applied."""
         if name not in cls.presets:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from bertforge.core.arguments import checked
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.core.io import atomic_write
 from bertforge.models.config import BertConfig
@@ -45,6 +46,7 @@ _TRUST_REMEDY = (
 )
 
 
+@checked
 def convert_nvidia_checkpoint(
     checkpoint: Path,
     config: str | Path,

@@ -22,7 +22,6 @@ Vocabulary rows: the model holds ``config.padded_vocab_size`` rows; files hold `
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
@@ -33,10 +32,13 @@ from typing import Any, ClassVar, Mapping, TypeVar
 import torch
 from torch import nn
 
+from bertforge.core.arguments import checked
 from bertforge.errors import CheckpointError
-from bertforge.models.checks import nonfinite_summary
+from bertforge.models.checks import check_memory, nonfinite_summary
 from bertforge.models.hub_names import hub_snapshot, parse_hub_name
 from bertforge.core.io import atomic_write
+from bertforge.core.jsonfile import read_json
+from bertforge.core.paths import check_path_text, named_file
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,13 @@ class PreTrainedModel(nn.Module):
     """Tensors with one row per vocabulary entry (padded in memory, trimmed in files)."""
     optional_prefixes: ClassVar[tuple[str, ...]] = ()
     """Parts a model's files may lack without it being unfit for its task (they start fresh)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Every model class checks its constructor's arguments (``BertModel(5)``: a TypeError
+        # naming config), as the package's other public entry points do.
+        if "__init__" in vars(cls):
+            cls.__init__ = checked(cls.__init__)  # type: ignore[method-assign]
 
     def rename_legacy(self, name: str) -> str:
         """The current name of a weight saved under an older naming scheme of the family."""
@@ -249,6 +258,7 @@ class PreTrainedModel(nn.Module):
 
     # ------------------------------------------------------------------ directories
     @classmethod
+    @checked
     def from_pretrained(cls: type[ModelT], path: str | os.PathLike[str], *, ignore_mismatched_heads: bool = False,
                         **config_overrides: Any) -> ModelT:
         """Build from a model directory (config.json + weights) or a Hugging Face Hub name
@@ -261,6 +271,7 @@ class PreTrainedModel(nn.Module):
         ``ignore_mismatched_heads`` (those start fresh, e.g. a 3-label classifier from a 2-label one).
         Commands load through ``bertforge.models.loading``, which picks the class from the files.
         """
+        check_path_text(path, f"{cls.__name__}.from_pretrained(path)")
         path = Path(path)
         name = None if path.exists() else parse_hub_name(str(path))
         if name is not None:
@@ -273,6 +284,7 @@ class PreTrainedModel(nn.Module):
         config = cls.config_class.load(path)
         if config_overrides:
             config = config.replace(**config_overrides)
+        check_memory(config, "cpu", str(path / "config.json"))
         model = cls(config)
         model.restore(path, new_heads=ignore_mismatched_heads)
         return model.eval()
@@ -302,6 +314,7 @@ class PreTrainedModel(nn.Module):
     def save_extras(self, directory: Path) -> None:
         """Family hook: write files besides config.json and the weights into ``directory``."""
 
+    @checked
     def save_pretrained(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
         """Write config.json and model.safetensors (each atomically) readable by transformers.
 
@@ -339,43 +352,64 @@ def strip_wrapper_prefixes(name: str) -> str:
     return name
 
 
+_INDEXES = (("model.safetensors.index.json", ".safetensors"),
+            ("pytorch_model.bin.index.json", ".bin"))
+"""Shard indexes and the one kind of file each may name."""
+
+
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     """Load all tensors of the model directory ``path``; returns them and the file named in messages."""
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+    for index_name, suffix in _INDEXES:
         index = path / index_name
         if index.is_file() and not (path / index_name.replace(".index.json", "")).is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-            except (OSError, ValueError, KeyError, AttributeError) as exc:
-                raise CheckpointError(f"{index}: not a valid shard index ({exc})") from None
             merged: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                merged.update(_read_file(path / shard))
+            for shard in shard_files(path, index, suffix):
+                merged.update(_read_file(shard, suffix))
             return merged, str(index)
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    for name, suffix in (("model.safetensors", ".safetensors"), ("pytorch_model.bin", ".bin")):
         if (path / name).is_file():
-            return _read_file(path / name), str(path / name)
+            return _read_file(path / name, suffix), str(path / name)
     found = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
     raise CheckpointError(
         f"no weights in {path}: expected model.safetensors or pytorch_model.bin (found: {found})"
     )
 
 
-def _read_file(file: Path) -> dict[str, torch.Tensor]:
+def shard_files(directory: Path, index: Path, suffix: str) -> list[Path]:
+    """The shard files a shard index names, in name order: its ``weight_map`` must be an object
+    of tensor name -> file name, and each file a ``suffix`` file inside ``directory``
+    (``bertforge.core.paths.named_file``), so an index can neither reach outside the model
+    directory nor hand a file of another kind to a weights reader."""
+    fix = "the index is damaged or not from this model; download or save the model again"
+    data = read_json(index, error=CheckpointError, hint=fix, what="shard index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        what = ("has no 'weight_map' object" if isinstance(data, dict) else
+                f"is a JSON {type(data).__name__}, not an object with a 'weight_map'")
+        raise CheckpointError(f"{index} {what} (tensor name -> shard file); {fix}")
+    bad = next((k for k, v in weight_map.items() if not isinstance(v, str)), None)
+    if bad is not None:
+        raise CheckpointError(f"{index}: weight_map[{bad!r}] is {weight_map[bad]!r}, not a file "
+                              f"name; {fix}")
+    return [named_file(directory, name, named_by=f"{index} (weight_map)", suffixes=(suffix,),
+                       error=CheckpointError, fix=fix)
+            for name in sorted(set(weight_map.values()))]
+
+
+def _read_file(file: Path, kind: str) -> dict[str, torch.Tensor]:
+    """The tensors of ``file``, read as ``kind`` (".safetensors" or ".bin") says: what the index
+    or the file's own name promised, never a guess from a suffix spelled another way."""
     if not file.is_file():
         raise CheckpointError(f"weight file {file} is missing (listed in the shard index)")
-    if file.suffix == ".safetensors":
+    if kind == ".safetensors":
         from safetensors.torch import load_file
 
         try:
             return load_file(str(file))
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise CheckpointError(f"cannot read {file}: {exc}; the file is damaged or incomplete") from None
-    data = load_torch_file(
-        file,
-        remedy="If you trust its origin, load it with torch.load(weights_only=False) and re-save the "
-        "state dict as model.safetensors.",
-    )
+    data = load_torch_file(file, remedy=_SAFETENSORS_REMEDY.format(
+        file=file, out=file.parent / "model.safetensors"))
     if not isinstance(data, dict):
         raise CheckpointError(f"{file} holds a {type(data).__name__}, expected a state dict (name -> tensor)")
     return data
@@ -394,23 +428,43 @@ def load_torch_file(file: Path, *, remedy: str, trust_pickle: bool = False) -> A
         if trust_pickle:
             raise CheckpointError(f"cannot read {file}: {exc}") from None
         raise CheckpointError(
-            f"{file} could not be loaded as plain tensors (unpickling arbitrary objects can run code, so "
-            f"it was refused): {_unpickler_detail(exc)}. It either holds Python objects besides tensors "
-            f"or is not a PyTorch checkpoint. {remedy}"
+            f"{file} was refused: it is a pickle, and unpickling can run code stored in it, so "
+            f"only plain tensors are read from pickles (torch.load with weights_only=True), and "
+            f"this file holds more or is no PyTorch checkpoint (torch: \"{unpickler_detail(exc)}"
+            f"\"). {remedy}"
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError, ImportError, AttributeError) as exc:
         # ImportError/AttributeError: a trusted pickle refers to a class not installed here.
         raise CheckpointError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
 
 
-def _unpickler_detail(exc: Exception) -> str:
-    """The one informative line of torch's long weights_only error."""
+_SAFETENSORS_REMEDY = (
+    "If you trust its origin, convert its tensors to safetensors once and use that file: "
+    "python -c \"import torch; from safetensors.torch import save_file; "
+    "sd = torch.load('{file}', weights_only=False); "
+    "save_file({{k: v.clone().contiguous() for k, v in sd.items() if torch.is_tensor(v)}}, "
+    "'{out}', metadata={{'format': 'pt'}})\"; otherwise do not use it")
+"""What to do with a pickled weights file that holds more than tensors (a one-line command that
+needs nothing but torch and safetensors, for any model family)."""
+
+# Paragraphs of torch's weights_only error that are advice, not the reason.
+_TORCH_ADVICE = ("Weights only load failed", "In PyTorch 2.6", "Re-running `torch.load`",
+                 "Check the documentation", "(1)", "(2)", "This file can still be loaded")
+
+
+def unpickler_detail(exc: Exception) -> str:
+    """Why torch's weights_only unpickler refused a file: the reason line of its long message
+    (its wording differs between a blocked function and a class not on its allow-list)."""
     text = str(exc)
     marker = "WeightsUnpickler error:"
     if marker in text:
         tail = text.split(marker, 1)[1].strip()
         return tail.split(". Please use", 1)[0].split("\n", 1)[0].strip().rstrip(".")
-    return text.splitlines()[0] if text else type(exc).__name__
+    reasons = [line.strip() for line in text.splitlines()
+               if line.strip() and not line.strip().startswith(_TORCH_ADVICE)]
+    if reasons:
+        return reasons[0].rstrip(".")
+    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
 
 
 def _short_list(names: list[str]) -> str:

@@ -32,7 +32,10 @@ from typing import Any
 
 import torch
 
+from bertforge.core.numbers import ascii_int
+from bertforge.core.paths import check_path_text
 from bertforge.errors import ConfigError
+from bertforge.models.checks import check_memory
 from bertforge.models.config_base import unknown_model
 from bertforge.models.hub_names import hub_snapshot, parse_hub_name
 from bertforge.models.registry import FamilySpec, preset_family, preset_names, resolve_config
@@ -61,6 +64,12 @@ class ModelSource:
                 return classes[name][0]
         return None
 
+    @property
+    def config_name(self) -> str:
+        """Where the config was read, for messages: the directory's config.json, else the name
+        (a config.json or a preset)."""
+        return str(self.directory / "config.json") if self.directory is not None else self.name
+
     def replace(self, **overrides: Any) -> ModelSource:
         """The same source with config fields replaced (labels, dropout, vocab size...)."""
         if not overrides:
@@ -74,6 +83,7 @@ def model_directory(path: str | os.PathLike[str], key: str = "--model") -> Path:
     path: its snapshot directory (cached or downloaded); otherwise a ``ConfigError`` naming
     ``key`` that says what ``path`` is instead: missing, a file, the folder of a training run
     (with the newest complete checkpoint to give instead), or some other folder."""
+    check_path_text(path, key)
     path = Path(path)
     if (path / "config.json").is_file():
         return path
@@ -85,8 +95,9 @@ def model_directory(path: str | os.PathLike[str], key: str = "--model") -> Path:
     if not path.is_dir():
         raise ConfigError(f"{key} {path} is a file, not a model directory (a folder with "
                           "config.json and model.safetensors)")
-    steps = sorted((int(p.name.split("-", 1)[1]), p) for p in path.glob("checkpoint-*")
-                   if p.name.split("-", 1)[1].isdigit() and (p / "config.json").is_file())
+    steps = sorted((step, p) for p in path.glob("checkpoint-*")
+                   if (step := ascii_int(p.name.split("-", 1)[1])) is not None
+                   and (p / "config.json").is_file())
     if steps:
         raise ConfigError(f"{key} {path} is a training run's folder, not a model directory; "
                           f"give one of its checkpoints, e.g. the newest: {steps[-1][1]}")
@@ -101,6 +112,7 @@ def open_model(name_or_path: str | os.PathLike[str], key: str = "model", *,
     (precedence in the module docstring). ``weights``: the caller needs trained weights, so
     presets (shapes only) are not considered. ``key`` names the setting in messages
     (``--model``, ``model``, ``init_from``)."""
+    check_path_text(name_or_path, key)
     text = str(name_or_path)
     path = Path(text)
     if path.exists():
@@ -134,13 +146,16 @@ def _preset_note(text: str, weights: bool) -> str:
 
 def load_model(source: ModelSource, head: str, *, device: str | torch.device = "cpu",
                new_heads: bool = False, seed: int | None = None,
-               nonfinite_remedy: str | None = None) -> Any:
+               nonfinite_remedy: str | None = None, missing_head: str | None = None) -> Any:
     """The ``head`` model of ``source`` with its weights on ``device``, in eval mode.
 
     A preset (no directory) gives a freshly initialised model. ``seed`` fixes the initial
     weights of whatever starts fresh. ``nonfinite_remedy`` replaces the advice given when the
-    weights hold NaN or inf (a training run points at its previous checkpoint)."""
+    weights hold NaN or inf (a training run points at its previous checkpoint);
+    ``missing_head`` the advice when the files lack the head's weights. The model's memory is
+    checked against the machine's before it is built (``models.checks.check_memory``)."""
     cls = source.family.model_class(head)
+    check_memory(source.config, device, source.config_name)
     if seed is not None:
         torch.manual_seed(seed)
     model = cls(source.config)
@@ -156,7 +171,7 @@ def load_model(source: ModelSource, head: str, *, device: str | torch.device = "
         if head_weights and not new_heads:
             raise ConfigError(
                 f"{source.directory} has no weights for the {head} head ({head_weights[0]}, "
-                f"...); give a model fine-tuned (or pretrained) for it")
+                f"...); {missing_head or 'give a model fine-tuned (or pretrained) for it'}")
     return model.to(device).eval()
 
 

@@ -6,7 +6,7 @@ encoders with a ``[CLS] A [SEP] B [SEP]`` template, and reading a tokenizer.json
 
 from __future__ import annotations
 
-import json
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +15,10 @@ from typing import Any, Iterator, Sequence, Union
 import numpy as np
 from tokenizers import Tokenizer
 
+from bertforge.core.arguments import checked
 from bertforge.core.io import atomic_write
+from bertforge.core.jsonfile import read_json_object as json_object
+from bertforge.core.limits import setting_changed
 from bertforge.errors import DataError
 
 
@@ -85,6 +88,24 @@ class Window:
     word_ids: list[int | None]         # index of the word in its text; None for specials
     source: int                        # index of the input (pair) this window was cut from
 
+    def word_spans(self, text: str | None = None) -> dict[int, tuple[int, int]]:
+        """Each word's first and last token position, by its word id, for the words that have
+        a token here: a word the tokenizer keeps nothing of (a lone combining accent in an
+        uncased vocabulary) or cut off by the window's end is absent, so a word's tag is read
+        from its own first sub-token and never from a neighbour's. With ``text`` (what the
+        offsets point into), a token of white space only is no part of a word: byte-level BPE
+        makes a lone "Ġ" of the second of two spaces and counts it with the next word, whose
+        first sub-token is then its first letters, as when the word is encoded alone. For a
+        window of one text (a pair's second text numbers its words from 0 again)."""
+        spans: dict[int, tuple[int, int]] = {}
+        for t, word in enumerate(self.word_ids):
+            if word is None:
+                continue
+            if text is not None and not text[self.offsets[t][0]:self.offsets[t][1]].strip():
+                continue
+            spans[word] = (spans[word][0], t) if word in spans else (t, t)
+        return spans
+
 class BackendTokenizer:
     """What every bertforge tokenizer does through its ``tokenizers.Tokenizer`` (``backend``):
     encoding, decoding and id/token lookups. ``BertTokenizer`` (WordPiece) and
@@ -106,6 +127,7 @@ class BackendTokenizer:
         finally:
             self.backend.no_truncation()
 
+    @checked
     def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None,
                  *, add_special_tokens: bool = True, padding: bool | str = False,
                  truncation: bool | str | None = None, max_length: int | None = None,
@@ -323,33 +345,67 @@ def _as_tensor(rows: list[list], kind: str, name: str) -> Any:
 
 
 def read_json_object(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path} does not exist; check the path") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path} is not UTF-8 text; is it the right file?") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-    if not isinstance(data, dict):
-        raise DataError(f"{path}: expected a JSON object at the top level")
-    return data
+    """A tokenizer file's JSON object (``bertforge.core.jsonfile``: a byte-order mark accepted,
+    errors at ``FILE:LINE:COLUMN``, a key given twice refused with both places)."""
+    return json_object(path, error=DataError, hint="is it the right file?")
+
+
+# A length at or past this is no real limit: transformers saves int(1e30) when a tokenizer
+# was made without one, which most tokenizers on the Hub were.
+NO_LIMIT = 10**9
+
+
+def saved_max_length(config: dict, default: int, source: Path) -> int:
+    """The ``model_max_length`` a tokenizer_config.json (``config``, read from ``source``)
+    gives, or ``default`` when it gives none; a value that is no usable length is replaced by
+    ``default``, and that is said once: at info level for transformers' "no limit" number (the
+    normal value, nothing to fix), as a warning for one that is no length at all (not a whole
+    number, below 1)."""
+    value = config.get("model_max_length", default)
+    if type(value) is int and 0 < value < NO_LIMIT:
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= NO_LIMIT:
+        setting_changed(f"{source}: model_max_length", value, default,
+                        "transformers' mark of no limit", level=logging.INFO)
+    else:
+        setting_changed(f"{source}: model_max_length", value, default, "not a length in tokens")
+    return default
+
+
+def tokens_in_id_order(path: Path, ids: dict[str, int]) -> list[str]:
+    """The tokens of a ``{token: id}`` vocabulary in id order; ``DataError`` naming both tokens
+    of an id given twice, and the first id missing, unless the ids are 0..n-1, each once."""
+    by_id: dict[int, str] = {}
+    for token, i in ids.items():
+        if i in by_id:
+            raise DataError(f"{path}: tokens {by_id[i]!r} and {token!r} both have id {i}; each "
+                            "id must name one token (the file is damaged)")
+        by_id[i] = token
+    if not by_id:
+        raise DataError(f"{path}: the vocabulary is empty; build one with `bertforge vocab`")
+    missing = next((i for i in range(len(by_id)) if i not in by_id), None)
+    if missing is not None:
+        raise DataError(f"{path}: token ids are not 0..{len(by_id) - 1} without gaps (no token "
+                        f"has id {missing}); the file is damaged")
+    return [by_id[i] for i in range(len(by_id))]
+
 
 def tokenizer_json_tokens(path: Path, data: dict) -> list[str]:
     """Tokens in id order of a tokenizer.json's model vocabulary (``{token: id}``, checked by the
-    caller) and its added tokens; ``DataError`` unless the ids are 0..n-1, each once."""
+    caller) and its added tokens; ``DataError`` unless the ids are 0..n-1, each once (an added
+    token may repeat a vocabulary entry with its id, as transformers writes specials)."""
     vocab = data["model"]["vocab"]
     added = [a for a in data.get("added_tokens") or [] if isinstance(a, dict)]
     if not all(type(i) is int for i in [*vocab.values(), *(a.get("id") for a in added)]):
         raise DataError(f"{path}: a token id is not an integer; the file is damaged")
-    by_id = {i: t for t, i in vocab.items()}
+    ids = dict(vocab)
     for token in added:
-        by_id.setdefault(token["id"], token.get("content"))
-    if not by_id:
-        raise DataError(f"{path}: the vocabulary is empty; build one with `bertforge vocab`")
-    # Two tokens sharing an id collapse into one entry of by_id, leaving fewer ids than tokens.
-    if len(by_id) < len(vocab) or sorted(by_id) != list(range(len(by_id))):
-        raise DataError(
-            f"{path}: token ids are not 0..{len(by_id) - 1} without gaps; the file is damaged"
-        )
-    return [by_id[i] for i in range(len(by_id))]
+        content, i = token.get("content"), token["id"]
+        if not isinstance(content, str):
+            raise DataError(f"{path}: added token {i} has no text (content); the file is damaged")
+        if ids.get(content, i) != i:
+            raise DataError(f"{path}: token {content!r} has id {ids[content]} in the vocabulary "
+                            f"and id {i} in added_tokens; the file is damaged")
+        if content not in ids:
+            ids[content] = i
+    return tokens_in_id_order(path, ids)

@@ -27,9 +27,12 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from bertforge.core.arguments import checked
+from bertforge.core.paths import check_path_text
 from bertforge.errors import DataError
 from bertforge.core.io import write_json_atomic, write_text_atomic
-from bertforge.tokenization.base import BackendTokenizer, read_json_object, tokenizer_json_tokens
+from bertforge.tokenization.base import (BackendTokenizer, read_json_object, tokenizer_json_tokens,
+                                         saved_max_length, tokens_in_id_order)
 
 __all__ = ["BPE_SPECIAL_TOKENS", "BpeTokenizer", "bpe_hash", "parse_bpe_tokenizer_json",
            "parse_merges", "read_bpe_directory", "read_bpe_tokenizer_json", "read_merges_txt",
@@ -67,14 +70,7 @@ def read_vocab_json(path: str | Path) -> list[str]:
     if bad is not None:
         raise DataError(f"{path}: token {bad[0]!r} has id {bad[1]!r}; vocab.json maps every token "
                         "to an integer id")
-    tokens = list(vocab)
-    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
-    order = np.argsort(ids, kind="stable")
-    wrong = np.flatnonzero(ids[order] != np.arange(len(ids)))
-    if wrong.size:
-        raise DataError(f"{path}: token ids are not 0..{len(ids) - 1}, each once (id {wrong[0]} is "
-                        "missing or repeated); the file is damaged or not a vocab.json")
-    return [tokens[i] for i in order]
+    return tokens_in_id_order(path, vocab)
 
 
 def read_merges_txt(path: str | Path) -> list[Merge]:
@@ -174,6 +170,7 @@ class BpeTokenizer(BackendTokenizer):
 
     do_lower_case = False  # byte-level BPE is always cased
 
+    @checked
     def __init__(
         self,
         vocab_tokens: Sequence[str],
@@ -236,6 +233,7 @@ class BpeTokenizer(BackendTokenizer):
     # -- loading and saving --------------------------------------------------------------------
 
     @classmethod
+    @checked
     def from_files(
         cls,
         vocab_json: str | Path,
@@ -245,11 +243,14 @@ class BpeTokenizer(BackendTokenizer):
         model_max_length: int = DEFAULT_MAX_LENGTH,
     ) -> BpeTokenizer:
         """Load GPT-2/BART ``vocab.json`` + ``merges.txt`` (BART's own files load as they are)."""
+        check_path_text(vocab_json, f"{cls.__name__}.from_files(vocab_json)")
+        check_path_text(merges_txt, f"{cls.__name__}.from_files(merges_txt)")
         return cls(read_vocab_json(vocab_json), read_merges_txt(merges_txt),
                    add_prefix_space=add_prefix_space, model_max_length=model_max_length,
                    source=f"{vocab_json} + {merges_txt}")
 
     @classmethod
+    @checked
     def from_file(
         cls,
         tokenizer_json: str | Path,
@@ -258,18 +259,21 @@ class BpeTokenizer(BackendTokenizer):
         model_max_length: int = DEFAULT_MAX_LENGTH,
     ) -> BpeTokenizer:
         """Load a byte-level BPE tokenizer.json; ``add_prefix_space=None`` takes the file's."""
+        check_path_text(tokenizer_json, f"{cls.__name__}.from_file(tokenizer_json)")
         tokens, merges, stored_prefix = read_bpe_tokenizer_json(tokenizer_json)
         prefix = stored_prefix if add_prefix_space is None else add_prefix_space
         return cls(tokens, merges, add_prefix_space=prefix, model_max_length=model_max_length,
                    source=str(tokenizer_json))
 
     @classmethod
+    @checked
     def from_pretrained(cls, directory: str | Path) -> BpeTokenizer:
         """Load a directory written by ``save`` or by transformers (BART, RoBERTa).
 
         tokenizer.json is preferred, else vocab.json + merges.txt. tokenizer_config.json, when
         present, gives ``model_max_length`` and ``add_prefix_space``.
         """
+        check_path_text(directory, f"{cls.__name__}.from_pretrained(directory)")
         directory = Path(directory)
         if not directory.is_dir():
             raise DataError(f"tokenizer directory {directory} does not exist; check the path")
@@ -282,10 +286,8 @@ class BpeTokenizer(BackendTokenizer):
         config = read_json_object(config_path) if config_path.exists() else {}
         if isinstance(config.get("add_prefix_space"), bool):
             prefix = config["add_prefix_space"]
-        max_len = config.get("model_max_length", DEFAULT_MAX_LENGTH)
         # transformers writes a huge number when a model has no limit; keep BART's then.
-        if type(max_len) is not int or not 0 < max_len < 10**9:
-            max_len = DEFAULT_MAX_LENGTH
+        max_len = saved_max_length(config, DEFAULT_MAX_LENGTH, config_path)
         return cls(tokens, merges, add_prefix_space=bool(prefix), model_max_length=max_len,
                    source=str(directory))
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
+from bertforge.core.arguments import checked
+from bertforge.core.paths import check_path_text
 from bertforge.errors import DataError
 from bertforge.tokenization.base import read_json_object
 from bertforge.tokenization.bpe import BpeTokenizer, read_bpe_directory
@@ -28,6 +30,7 @@ def read_vocab_tokens(directory: str | Path) -> list[str] | None:
         return list(ModernBpeTokenizer.from_pretrained(directory).vocab)
     return read_bpe_directory(directory)[0]
 
+@checked
 def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer | ModernBpeTokenizer:
     """The tokenizer ``path`` holds: a vocab.txt is WordPiece (``BertTokenizer``); a
     tokenizer.json is WordPiece or byte-level BPE by its model type, the BPE being ModernBERT's
@@ -36,6 +39,7 @@ def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer | ModernBpe
     its vocab.json + merges.txt. A Hugging Face Hub name that is no local path (``"google-bert/bert-base-uncased"``)
     is read from its cached snapshot, else downloaded (``bertforge.models.hub_names``;
     ``ConfigError`` when offline without it). ``DataError`` when the path holds none of these."""
+    check_path_text(path, "tokenizer path")
     path = _hub_directory(path)
     if path.is_dir():
         kind = _directory_kind(path)

@@ -16,7 +16,6 @@ directory survives a round trip through bertforge unchanged.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,9 +23,13 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from bertforge.core.arguments import checked
 from bertforge.core.io import write_json_atomic, write_text_atomic
+from bertforge.core.jsonfile import parse_json
+from bertforge.core.paths import check_path_text
 from bertforge.errors import DataError
-from bertforge.tokenization.base import EncoderTokenizer, read_json_object, tokenizer_json_tokens
+from bertforge.tokenization.base import (EncoderTokenizer, read_json_object, saved_max_length,
+                                         tokenizer_json_tokens)
 from bertforge.tokenization.bpe import WORD_START, Merge, bpe_hash, parse_merges
 
 __all__ = ["MODERN_SPECIAL_TOKENS", "ModernBpeTokenizer", "is_modern_tokenizer_json"]
@@ -95,14 +98,14 @@ class ModernBpeTokenizer(EncoderTokenizer):
     tokenizes one by one: in running text a space precedes it, and a byte-level BPE spells a
     word differently with one ("ĠThe") and without ("The")."""
 
+    @checked
     def __init__(self, tokenizer_json: str, *, model_max_length: int = DEFAULT_MAX_LENGTH,
                  configs: dict[str, str] | None = None, source: str = "tokenizer.json") -> None:
         if model_max_length < 1:
             raise ValueError(f"model_max_length must be >= 1, got {model_max_length}")
-        try:
-            data = json.loads(tokenizer_json)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{source}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        # A byte-order mark is text to the tokenizers library's parser, which then refuses it.
+        tokenizer_json = tokenizer_json.removeprefix("\ufeff")
+        data = parse_json(tokenizer_json, source, error=DataError, hint="is it the right file?")
         tokens, merges = _parse(data if isinstance(data, dict) else {}, source)
         self.vocab: tuple[str, ...] = tuple(tokens)
         self.vocab_size = len(self.vocab)
@@ -166,9 +169,11 @@ class ModernBpeTokenizer(EncoderTokenizer):
         return cls(backend.to_str(pretty=True), model_max_length=model_max_length, source=source)
 
     @classmethod
+    @checked
     def from_file(cls, path: str | Path, *,
                   model_max_length: int = DEFAULT_MAX_LENGTH) -> ModernBpeTokenizer:
         """Load a ModernBERT tokenizer.json."""
+        check_path_text(path, f"{cls.__name__}.from_file(path)")
         path = Path(path)
         try:
             text = path.read_bytes().decode("utf-8")  # as it is: save writes it back unchanged
@@ -179,9 +184,11 @@ class ModernBpeTokenizer(EncoderTokenizer):
         return cls(text, model_max_length=model_max_length, source=str(path))
 
     @classmethod
+    @checked
     def from_pretrained(cls, directory: str | Path) -> ModernBpeTokenizer:
         """Load a directory written by ``save`` or a Hugging Face ModernBERT one (its
         tokenizer.json; tokenizer_config.json, when present, gives ``model_max_length``)."""
+        check_path_text(directory, f"{cls.__name__}.from_pretrained(directory)")
         directory = Path(directory)
         if not (directory / "tokenizer.json").is_file():
             raise DataError(f"{directory} has no tokenizer.json; is it a ModernBERT directory?")
@@ -189,10 +196,8 @@ class ModernBpeTokenizer(EncoderTokenizer):
                    for name in _CONFIG_FILES if (directory / name).is_file()}
         config = (read_json_object(directory / _CONFIG_FILES[0])
                   if _CONFIG_FILES[0] in configs else {})
-        max_len = config.get("model_max_length", DEFAULT_MAX_LENGTH)
         # transformers writes a huge number when a model has no limit; keep ModernBERT's then.
-        if type(max_len) is not int or not 0 < max_len < 10**9:
-            max_len = DEFAULT_MAX_LENGTH
+        max_len = saved_max_length(config, DEFAULT_MAX_LENGTH, directory / _CONFIG_FILES[0])
         tokenizer = cls.from_file(directory / "tokenizer.json", model_max_length=max_len)
         tokenizer._configs = configs
         return tokenizer

@@ -19,9 +19,12 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
+from bertforge.core.arguments import checked
 from bertforge.core.io import write_json_atomic, write_text_atomic
+from bertforge.core.paths import check_path_text
 from bertforge.errors import DataError
-from bertforge.tokenization.base import EncoderTokenizer, read_json_object, tokenizer_json_tokens
+from bertforge.tokenization.base import (EncoderTokenizer, read_json_object, saved_max_length,
+                                         tokenizer_json_tokens)
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -120,6 +123,7 @@ class BertTokenizer(EncoderTokenizer):
 
     model_input_names = ("input_ids", "token_type_ids", "attention_mask")
 
+    @checked
     def __init__(
         self,
         vocab_tokens: Sequence[str],
@@ -163,6 +167,7 @@ class BertTokenizer(EncoderTokenizer):
     # -- loading and saving --------------------------------------------------------------------
 
     @classmethod
+    @checked
     def from_file(cls, path: str | Path, lowercase: bool | None = None) -> BertTokenizer:
         """Load a vocab.txt or a WordPiece tokenizer.json.
 
@@ -170,6 +175,7 @@ class BertTokenizer(EncoderTokenizer):
         from the tokens (uncased unless the vocabulary is clearly cased). An explicit value is
         checked against the vocabulary with ``check_casing``.
         """
+        check_path_text(path, f"{cls.__name__}.from_file(path)")
         path = Path(path)
         if path.suffix == ".json":
             tokens, stored_lower = _read_tokenizer_json(path)
@@ -183,6 +189,7 @@ class BertTokenizer(EncoderTokenizer):
         return cls(tokens, do_lower_case=do_lower, source=str(path))
 
     @classmethod
+    @checked
     def from_pretrained(cls, directory: str | Path, lowercase: bool | None = None) -> BertTokenizer:
         """Load a directory written by ``save`` or by transformers (tokenizer.json or vocab.txt).
 
@@ -190,6 +197,7 @@ class BertTokenizer(EncoderTokenizer):
         the tokens). A ``lowercase`` that contradicts it is checked against the vocabulary:
         ``DataError`` if it does not fit, otherwise it wins.
         """
+        check_path_text(directory, f"{cls.__name__}.from_pretrained(directory)")
         directory = Path(directory)
         if not directory.is_dir():
             raise DataError(f"tokenizer directory {directory} does not exist; check the path")
@@ -209,8 +217,7 @@ class BertTokenizer(EncoderTokenizer):
             source = f"{directory} was saved with do_lower_case={stored_lower}, not {lowercase}"
             check_casing(tokens, lowercase, source)
             stored_lower = lowercase
-        max_len = config.get("model_max_length", 512)
-        max_len = max_len if isinstance(max_len, int) and 0 < max_len < 10**9 else 512
+        max_len = saved_max_length(config, 512, config_path)
         return cls(tokens, stored_lower, model_max_length=max_len, source=str(directory))
 
     def save(self, directory: str | Path) -> None:

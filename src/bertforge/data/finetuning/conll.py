@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bertforge.data.finetuning.examples import TaggedExample
+from bertforge.data.finetuning.examples import TaggedExample, unique_ids
 from bertforge.data.finetuning.tables import Row, Table, cell_text, read_table, read_text
 from bertforge.errors import DataError
 
@@ -151,7 +151,7 @@ def _json_lines(path: Path, label_names: Sequence[str] | None) -> list[TaggedExa
         example_id = cell_text(table, row, id_column) if id_column is not None else None
         examples.append(TaggedExample(example_id if example_id is not None else str(number),
                                       tokens, tags, where))
-    return examples
+    return list(unique_ids(examples))
 
 
 def read_token_tags(path: str | Path,

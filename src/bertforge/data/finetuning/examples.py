@@ -9,6 +9,9 @@ still name the line it came from.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence, TypeVar
+
+from bertforge.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -73,3 +76,20 @@ class QAExample:
     answers: list[Answer]
     is_impossible: bool = False
     title: str = ""
+
+
+E = TypeVar("E", TextExample, ChoiceExample, TaggedExample)
+
+
+def unique_ids(examples: Sequence[E]) -> Sequence[E]:
+    """``examples``, after checking that no two share an id: predictions and scores are keyed
+    by id, so a repeat would silently pair one example's output with another's. ``DataError``
+    naming both places (``FILE:LINE``)."""
+    seen: dict[str, str] = {}
+    for example in examples:
+        if example.id in seen:
+            raise DataError(f"{example.source}: id {example.id!r} was already used at "
+                            f"{seen[example.id]}; ids must be unique, since predictions are "
+                            "written by id")
+        seen[example.id] = example.source
+    return examples

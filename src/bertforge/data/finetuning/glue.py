@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertforge.data.finetuning.examples import TextExample
+from bertforge.core.numbers import ascii_int
+from bertforge.data.finetuning.examples import TextExample, unique_ids
 from bertforge.data.finetuning.labels import LabelMap
 from bertforge.data.finetuning.tables import (
     Row, Table, columns_found, find_column, id_column, label_cell, parse_table, read_text,
@@ -159,8 +160,8 @@ def _label(task: GlueTask, table: Table, row: Row, column: str,
     class_id: int | None = None
     if isinstance(text, int) and not isinstance(text, bool):
         class_id = text
-    elif isinstance(text, str) and text.lstrip("-").isdigit():
-        class_id = int(text)
+    elif isinstance(text, str):
+        class_id = ascii_int(text, negative=True)  # "²" and "١" are names, not class ids
     if class_id == -1:
         return None
     if class_id is not None and 0 <= class_id < len(task.hf_labels):
@@ -200,4 +201,4 @@ def read_glue(path: str | Path, task_name: str, require_labels: bool = True) -> 
             raise DataError(f"{table.where(row)}: no label in column {label!r} (an empty value "
                             "or -1 marks a test example); training and evaluation need labels")
         examples.append(text_example(table, row, number, ids, texts, value))
-    return examples
+    return list(unique_ids(examples))

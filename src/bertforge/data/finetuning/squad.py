@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertforge.core.jsonfile import parse_json
 from bertforge.data.finetuning.examples import Answer, QAExample
 from bertforge.data.finetuning.qa_postprocess import (
     QAFeatures,
@@ -91,11 +92,8 @@ class _Reader:
         for lineno, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 is text
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{self.path}:{lineno}:{exc.colno}: not valid JSON ({exc.msg}); "
-                                "JSON Lines hold one question object per line") from None
+            obj = parse_json(line.rstrip("\r"), str(self.path), line=lineno,
+                             hint="JSON Lines hold one question object per line")
             if not isinstance(obj, dict):
                 raise self.fail(str(lineno), "expected a JSON object with id, question, context")
             title = obj.get("title") if isinstance(obj.get("title"), str) else ""
@@ -229,11 +227,8 @@ def read_squad(path: str | Path, require_answers: bool = True) -> SquadData:
     reader = _Reader(path, require_answers)
     if path.suffix.lower() in (".jsonl", ".jsonlines") or _looks_like_lines(text):
         return reader.lines(text)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}); expected "
-                        'SQuAD JSON ({"data": [...]}) or JSON Lines (one question a line)') from None
+    doc = parse_json(text, str(path), hint='expected SQuAD JSON ({"data": [...]}) or JSON '
+                     "Lines (one question a line)")
     return reader.document(doc)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertforge.data.finetuning.examples import ChoiceExample
+from bertforge.core.numbers import ascii_int
+from bertforge.data.finetuning.examples import ChoiceExample, unique_ids
 from bertforge.data.finetuning.tables import (
     Row, Table, cell_text, columns_found, find_column, label_cell, read_table, required_text,
 )
@@ -34,10 +35,11 @@ def _choice(table: Table, row: Row, column: str, count: int) -> int | None:
     text = label_cell(row, column)
     if text is None:
         return None
+    number = ascii_int(text, negative=True) if isinstance(text, str) else None
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
-    elif isinstance(text, str) and text.lstrip("-").isdigit():
-        value = int(text)
+    elif number is not None:
+        value = number
     else:
         value = count  # not a number: reported below like an index out of range
     if value == -1:
@@ -87,7 +89,7 @@ def read_swag(path: str | Path, require_labels: bool = True) -> list[ChoiceExamp
         if not (examples[-1].context.strip() or examples[-1].start.strip()):
             raise DataError(f"{table.where(row)}: sent1 and sent2 are both blank; an example "
                             "needs the text its endings continue")
-    return examples
+    return list(unique_ids(examples))
 
 
 def _ending(table: Table, row: Row, column: str) -> str:

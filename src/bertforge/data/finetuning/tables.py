@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertforge.data.finetuning.examples import TextExample
+from bertforge.core.jsonfile import parse_json
+from bertforge.data.finetuning.examples import TextExample, unique_ids
 from bertforge.errors import DataError, os_error_text
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".txt": "tsv",
@@ -151,6 +152,9 @@ def _delimited(path: Path, text: str, fmt: str, columns: Sequence[str] | None) -
     return Table(path, fmt, names, rows)
 
 
+_LINES_HINT = "each line must hold one JSON object (JSON Lines)"
+
+
 def _json_lines(path: Path, text: str) -> Table:
     """One JSON object per non-blank line."""
     columns: dict[str, None] = {}
@@ -162,14 +166,13 @@ def _json_lines(path: Path, text: str) -> Table:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            hint = "each line must hold one JSON object (JSON Lines)"
-            if not rows and _is_one_document(text):
-                hint = ("the file is one JSON document; write one object per line "
-                        "(JSON Lines) instead")
-            raise DataError(f"{path}:{number}:{exc.pos + 1}: invalid JSON ({exc.msg}); "
-                            f"{hint}") from None
+            record = parse_json(line, str(path), line=number, hint=_LINES_HINT)
+        except DataError as exc:
+            if rows or not _is_one_document(text):
+                raise
+            raise DataError(str(exc).replace(_LINES_HINT, "the file is one JSON document; "
+                                             "write one object per line (JSON Lines) "
+                                             "instead")) from None
         if not isinstance(record, dict):
             raise DataError(f"{path}:{number}: a JSON {type(record).__name__}, not an object; "
                             "each line must hold one JSON object with named fields")
@@ -369,4 +372,4 @@ def read_classification(path: str | Path, text_columns: Sequence[str] | None = N
                 raise DataError(f"{table.where(row)}: no label in column {label!r}; every "
                                 "training and evaluation example needs one")
         examples.append(text_example(table, row, number, ids, texts, value))
-    return examples
+    return list(unique_ids(examples))

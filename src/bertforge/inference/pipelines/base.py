@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, is_dataclass
@@ -14,46 +15,86 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from bertforge.core.kinds import json_kind
 from bertforge.data.finetuning.labels import LabelMap
 from bertforge.data.collate.seq2seq import pad_rows
 from bertforge.models.registry import family_of_config
 from bertforge.tokenization import EncoderTokenizer, Window
+from bertforge.tokenization.prefix import Capped, encode_ids_capped, encode_window_capped
 from bertforge.train.precision import Precision
 
 
 TRUNCATION = ("error", "truncate")
 _MASKED_LOGIT = -1e4  # start/end logits of padding, never part of a span
 _MAX_TOP_K = 100
-_UNCUT = 1 << 30  # a max_length no text reaches: encode whole, to measure it
+
+
+CUT_IN_PYTHON = "pass truncate=True"
+"""How a caller of a pipeline asks for a long input to be cut (``InputError``'s ``{cut}``)."""
 
 
 class InputError(ValueError):
     """A bad field of one request item: ``field`` names it ("question", "inputs[2].context"; ""
-    for the item itself) and ``message`` says what is wrong and what to send instead."""
+    for the item itself) and ``message`` says what is wrong and what to send instead.
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}" if field else message)
-        self.field, self.message = field, message
+    A message that names other fields of the item writes them ``{name}`` (listed in
+    ``refers``) and one that says how to ask for a cut writes ``{cut}`` (``cuts``): the server
+    and the command line speak of other names (``query`` and ``texts[1]`` for a pair,
+    ``"truncate": true``), and ``renamed`` puts theirs in."""
+
+    def __init__(self, field: str, message: str, refers: tuple[str, ...] = (),
+                 cuts: bool = False) -> None:
+        self.template, self.refers, self.cuts = message, refers, cuts
+        self.field = field
+        self.message = _fill(message, {n: n for n in refers}, CUT_IN_PYTHON if cuts else None)
+        super().__init__(f"{field}: {self.message}" if field else self.message)
+
+    def __reduce__(self) -> tuple:  # whole across processes (a server's replicas)
+        return (InputError, (self.field, self.template, self.refers, self.cuts))
 
     def within(self, prefix: str) -> InputError:
         """The same error with its field inside ``prefix`` (``inputs[2]`` + ``context``)."""
-        return InputError(f"{prefix}.{self.field}" if self.field else prefix, self.message)
+        return InputError(f"{prefix}.{self.field}" if self.field else prefix, self.template,
+                          self.refers, self.cuts)
+
+    def renamed(self, names: Mapping[str, str], cut: str) -> InputError:
+        """The error in a caller's own words: every field it names, its own and those of its
+        message, by ``names`` (a field not there keeps its name), and ``cut`` saying how that
+        caller asks for a long input to be cut."""
+        message = _fill(self.template, {n: names.get(n, n) for n in self.refers},
+                        cut if self.cuts else None)
+        return InputError(names.get(self.field, self.field), message)
+
+
+def _fill(template: str, names: Mapping[str, str], cut: str | None) -> str:
+    # Plain replacement, not str.format: a message may quote the client's own braces.
+    for name, shown in names.items():
+        template = template.replace("{" + name + "}", shown)
+    return template if cut is None else template.replace("{cut}", cut)
+
+
+def too_long(n: int, limit: int, pair: bool, counted: bool = True) -> InputError:
+    """The error of an input of ``n`` tokens over ``limit``; a pair is named by its second
+    text (what a reranker's client sends one of per item), with the first in the message.
+    ``counted=False``: only a prefix of the input was tokenized (``n`` is its tokens, a lower
+    bound: :mod:`bertforge.tokenization.prefix`)."""
+    n = f"{n}" if counted else f"at least {n}"
+    if pair:
+        return InputError("text_pair", f"together with {{text}}, {n} tokens long, over this "
+                          f"model's limit of {limit} tokens; shorten them, or {{cut}} to cut "
+                          "them", refers=("text",), cuts=True)
+    return InputError("text", f"{n} tokens long, over this model's limit of {limit} tokens; "
+                      "shorten it, or {cut} to cut it", cuts=True)
 
 
 # --- request fields ------------------------------------------------------------------------------
-
-
-def _json_type(value: Any) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string",
-             list: "an array", dict: "an object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
 
 
 def _fields(item: Any, allowed: Sequence[str]) -> Mapping[str, Any]:
     """``item`` as a mapping whose keys are all in ``allowed``."""
     if not isinstance(item, Mapping):
         raise InputError("", f"expected a JSON object with {', '.join(allowed)}, got "
-                         f"{_json_type(item)}")
+                         f"{json_kind(item)}")
     for key in item:
         if key not in allowed:
             raise InputError(str(key), f"is not a field of this request; fields: "
@@ -68,7 +109,7 @@ def _text(item: Mapping[str, Any], name: str, required: bool = True) -> str | No
             raise InputError(name, "is required: a non-empty string")
         return None
     if not isinstance(value, str):
-        raise InputError(name, f"must be a string, got {_json_type(value)}")
+        raise InputError(name, f"must be a string, got {json_kind(value)}")
     if not value.strip():
         raise InputError(name, "must not be empty")
     check_unicode(value, name)
@@ -89,16 +130,26 @@ def check_unicode(value: str, name: str) -> None:
                          "send UTF-8 text") from None
 
 
+def _flag(item: Mapping[str, Any], name: str) -> bool | None:
+    """An optional true/false field (a Python caller's numpy bool too, as Python's)."""
+    value = item.get(name)
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        raise InputError(name, f"must be true or false, got {json_kind(value)} {_shown(value)}")
+    return None if value is None else bool(value)
+
+
 def _number(item: Mapping[str, Any], name: str, kind: type, minimum: float | None = None,
             maximum: float | None = None) -> Any:
-    """An optional int (``kind=int``) or finite float field within [minimum, maximum]."""
+    """An optional int (``kind=int``) or finite float field within [minimum, maximum], as
+    Python's (a Python caller's numpy numbers are taken as the numbers they are)."""
     value = item.get(name)
     if value is None:
         return None
-    real = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not real or (kind is int and not isinstance(value, int)) or not math.isfinite(value):
+    real = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    whole = isinstance(value, numbers.Integral)
+    if not real or (kind is int and not whole) or not math.isfinite(value):
         wanted = "a whole number" if kind is int else "a finite number"
-        raise InputError(name, f"must be {wanted}, got {_json_type(value)} {value!r}")
+        raise InputError(name, f"must be {wanted}, got {json_kind(value)} {value!r}")
     if minimum is not None and value < minimum:
         raise InputError(name, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -117,6 +168,12 @@ class TextRequest:
     window: Window
     truncated: bool
     top_k: int = 0  # fill-mask only
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, shortened for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def _parsed(inputs: Any) -> bool:
@@ -197,8 +254,12 @@ class Pipeline(ABC):
         ``fields`` are added to every item (``qa(question=..., context=...)``,
         ``fill(text, top_k=3)``). One input gives one result dict, a list gives a list. A bad
         item raises ``InputError`` naming its field and, in a list, its index
-        (``inputs[2].context``). Parsed requests: the list of results of one batch.
+        (``inputs[2].context``), and so does a field given twice (``emb("a", text="b")``: a
+        string fills the ``text_field``) or a keyword that is no field. ``inputs=`` (as
+        transformers' pipelines name it) is the positional input. Parsed requests: the list of
+        results of one batch.
         """
+        inputs = self._keywords(inputs, fields)
         if not fields and _parsed(inputs):
             return self.run(inputs)
         if inputs is None or isinstance(inputs, (str, Mapping)):
@@ -208,11 +269,34 @@ class Pipeline(ABC):
                              f"{type(inputs).__name__}")
         return self.run([self._parse_raw(item, fields, i) for i, item in enumerate(inputs)])
 
+    def _keywords(self, inputs: Any, fields: dict[str, Any]) -> Any:
+        """The positional input, once ``inputs=`` (its keyword) is taken out of ``fields``;
+        ``InputError`` for both at once or for a keyword that is no field of an item, before
+        any item is read (so the error names the keyword, not every item's copy of it)."""
+        if "inputs" in fields:
+            given = fields.pop("inputs")
+            if inputs is not None:
+                raise InputError("inputs", f"given twice: as the positional input "
+                                 f"{_shown(inputs)} and as inputs={_shown(given)}; pass one")
+            inputs = given
+        for name in fields:
+            if name not in self.fields:
+                where = (f"; {name} is an option of the pipeline: pass it to pipeline()"
+                         if name in self.options else "")
+                raise InputError(name, f"is not a field of this request; fields: "
+                                 f"{', '.join(self.fields)}{where}")
+        return inputs
+
     def _parse_raw(self, item: Any, fields: Mapping[str, Any], index: int | None = None) -> Any:
         """``parse`` of a raw item (a string fills ``text_field``) with ``fields`` added; an
-        error names the item's index in a list."""
+        error names the item's index in a list, and a field both in the item and in
+        ``fields`` is one (two values for one field: which was meant is not ours to guess)."""
         try:
             if isinstance(item, str) and self.text_field is not None:
+                if self.text_field in fields:
+                    raise InputError(self.text_field, f"given twice: the input {_shown(item)} "
+                                     f"fills {self.text_field}, and {self.text_field}="
+                                     f"{_shown(fields[self.text_field])} too; pass one")
                 item = {self.text_field: item}
             elif item is None:
                 item = {}
@@ -220,6 +304,10 @@ class Pipeline(ABC):
                 wanted = "a dict" if self.text_field is None else "a string or a dict"
                 raise InputError("", f"expected {wanted} with fields {', '.join(self.fields)}, "
                                  f"got {type(item).__name__}")
+            twice = next((key for key in item if key in fields), None)
+            if twice is not None:
+                raise InputError(str(twice), f"given twice: {_shown(item[twice])} in the input "
+                                 f"and {twice}={_shown(fields[twice])}; pass one")
             return self.parse({**item, **fields})
         except InputError as exc:
             raise (exc if index is None else exc.within(f"inputs[{index}]")) from None
@@ -257,33 +345,25 @@ class Pipeline(ABC):
         once, read for every batch."""
         return family_of_config(self.config).inputs
 
-    def parse_text(self, item: Mapping[str, Any]) -> TextRequest:
-        """An item of one ``text`` field, encoded (the parse of tagging and embeddings)."""
-        item = _fields(item, self.fields)
-        text = _text(item, "text")
-        return TextRequest(text, *self.encode_text(text))
-
     def encode_text(self, text: str, pair: str | None = None) -> tuple[Window, bool]:
         """The window of ``text`` (and ``pair``) with special tokens, and whether it was cut to
         ``max_length`` (``InputError`` instead under ``truncation="error"``)."""
         # An encoder's tokenizer (BERT's, ModernBERT's) makes windows with offsets; BART's cuts.
-        windowed = isinstance(self.tokenizer, EncoderTokenizer)
-        pairs = None if pair is None else [pair]
-        # One tokenization in the usual case: the whole text, cut again only when it is too long.
-        whole = (self.tokenizer.encode_windows([text], pairs, max_length=_UNCUT)[0] if windowed
-                 else None)
-        n = len(whole.ids) if whole is not None else len(self.tokenizer.encode(text, pair))
-        over = n > self.max_length
+        # Either reads no more of a long text than max_length needs (tokenization.prefix).
+        if isinstance(self.tokenizer, EncoderTokenizer):
+            capped = encode_window_capped(self.tokenizer, text, pair, self.max_length)
+        elif pair is None:
+            capped = encode_ids_capped(self.tokenizer, text, self.max_length)
+        else:  # BART's pairs: counted whole, the first text cut (as encode_truncated does)
+            n = len(self.tokenizer.encode(text, pair))
+            capped = Capped(self.tokenizer.encode_truncated([text], self.max_length)[0], n, True)
+        over = capped.length > self.max_length
         if over and self.truncation == "error":
-            what = "with text_pair " if pair is not None else ""
-            raise InputError("text", f"{what}{n} tokens long, over this model's limit of "
-                             f"{self.max_length}; shorten it, or use truncation=truncate")
-        if windowed:
-            window = whole if not over else self.tokenizer.encode_windows(
-                [text], pairs, max_length=self.max_length)[0]
-        else:
-            ids = self.tokenizer.encode_truncated([text], self.max_length)[0]
-            window = Window(ids=ids, type_ids=[0] * len(ids), offsets=[], sequence_ids=[],
+            raise too_long(capped.length, self.max_length, pair is not None,
+                           counted=capped.counted)
+        window = capped.tokens
+        if not isinstance(window, Window):
+            window = Window(ids=window, type_ids=[0] * len(window), offsets=[], sequence_ids=[],
                             word_ids=[], source=0)
         return window, over
 

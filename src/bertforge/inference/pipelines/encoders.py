@@ -13,7 +13,8 @@ import torch
 from bertforge.data.finetuning.labels import LabelMap
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines.base import (InputError, Pipeline, TextRequest, _MAX_TOP_K,
-                                                _fields, _labels, _logits, _number, _softmax, _text)
+                                                _fields, _flag, _labels, _logits, _number,
+                                                _softmax, _text)
 from bertforge.tokenization import BertTokenizer
 
 # --- per-item options --------------------------------------------------------------------------
@@ -35,23 +36,19 @@ def _truncation_for(pipeline: Any, truncate: bool | None) -> Iterator[None]:
         pipeline.truncation = saved
 
 
-def _flag(item: Mapping[str, Any], name: str) -> bool | None:
-    value = item.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise InputError(name, f"must be true or false, got {value!r}")
-    return value
-
-
 def encode_item(pipeline: Pipeline, text: str, pair: str | None,
                 truncate: bool | None) -> tuple[Any, bool]:
     """``pipeline.encode_text`` under the item's own ``truncate`` (None: the pipeline's
     truncation); an item over the length is an ``InputError`` that says how to ask for a cut."""
     with _truncation_for(pipeline, truncate):
-        try:
-            return pipeline.encode_text(text, pair)
-        except InputError as exc:
-            raise InputError(exc.field, f'{exc.message} (in a request: "truncate": true)'
-                             ) from None
+        return pipeline.encode_text(text, pair)
+
+
+def parse_single(pipeline: Pipeline, item: Mapping[str, Any]) -> TextRequest:
+    """An item of one ``text`` and its own ``truncate``, encoded (tagging, fill-mask)."""
+    item = _fields(item, pipeline.fields)
+    text = _text(item, "text")
+    return TextRequest(text, *encode_item(pipeline, text, None, _flag(item, "truncate")))
 
 
 # --- sequence classification ---------------------------------------------------------------------
@@ -107,17 +104,19 @@ class TextClassificationPipeline(Pipeline):
 class TokenClassificationPipeline(Pipeline):
     """Word-level tags: a word is tagged on its first sub-token, as fine-tuning trains it.
 
-    Words are the tokenizer's pre-tokenized words (whitespace and punctuation split); the result
-    lists the words whose tag is not "O", with their character spans in the text.
+    Words are the tokenizer's pre-tokenized words (whitespace and punctuation split) as its
+    word ids say; the result lists the words whose tag is not "O", with their character spans
+    in the text. An item may ask for its own ``truncate``.
     """
 
+    fields: ClassVar[tuple[str, ...]] = ("text", "truncate")
     labels: LabelMap = field(init=False)
 
     def __post_init__(self) -> None:
         self.labels = _labels(self.config)
 
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
-        return self.parse_text(item)
+        return parse_single(self, item)
 
     def run(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
@@ -126,18 +125,15 @@ class TokenClassificationPipeline(Pipeline):
         results = []
         for r, row in zip(requests, logits):  # row: (S, num_labels)
             w = r.window
-            words: dict[int, list[int]] = {}  # word index -> its token positions
-            for t, word in enumerate(w.word_ids):
-                if word is not None:
-                    words.setdefault(word, []).append(t)
             entities = []
-            for positions in words.values():
-                first = positions[0]
+            for first, last in w.word_spans(r.text).values():
                 probs = _softmax(row[first])
                 tag = self.labels.name(int(probs.argmax()))
                 if tag == "O":
                     continue
-                lo, hi = w.offsets[first][0], w.offsets[positions[-1]][1]
+                lo, hi = w.offsets[first][0], w.offsets[last][1]
+                # Byte-level BPE counts the space before a word with it ("Ġword").
+                lo += len(r.text[lo:hi]) - len(r.text[lo:hi].lstrip())
                 entities.append({"word": r.text[lo:hi], "tag": tag, "start": lo,
                                  "end": hi, "score": float(probs.max())})
             results.append(self.mark({"entities": entities}, r))
@@ -161,7 +157,7 @@ class FillMaskPipeline(Pipeline):
     """The ``top_k`` most likely tokens at every mask of the text ([MASK] for BERT, <mask> for
     BART, whose decoder reads the text shifted right and so scores every position)."""
 
-    fields: ClassVar[tuple[str, ...]] = ("text", "top_k")
+    fields: ClassVar[tuple[str, ...]] = ("text", "top_k", "truncate")
     options: ClassVar[tuple[str, ...]] = ("top_k",)
     top_k: int = 5
 
@@ -175,11 +171,12 @@ class FillMaskPipeline(Pipeline):
 
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
         item = _fields(item, self.fields)
-        text = _text(item, "text")
         top_k = _number(item, "top_k", int, 1, _MAX_TOP_K) or self.top_k
-        window, truncated = self.encode_text(text)
+        parsed = parse_single(self, item)
+        text, window, truncated = parsed.text, parsed.window, parsed.truncated
         if self.tokenizer.mask_id not in window.ids:
-            where = "within the first max_length tokens" if truncated else "in it"
+            where = (f"within its first {self.max_length} tokens, the model's limit"
+                     if truncated else "in it")
             raise InputError("text", f"has no {self.mask_token} {where}: mark each word to fill "
                              f"in with {self.mask_token}")
         return TextRequest(text, window, truncated, top_k)

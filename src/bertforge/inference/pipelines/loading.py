@@ -4,13 +4,16 @@ head (config.json read once, weights verified)."""
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bertforge.core.limits import PRECISIONS
-from bertforge.errors import ConfigError, DataError
+from bertforge.core.arguments import check_argument, checked
+from bertforge.core.limits import PRECISIONS, setting_changed
+from bertforge.errors import ConfigError, DataError, in_context
+from bertforge.export.sentence_transformers import SENTENCE_BERT_CONFIG, saved_max_seq_length
 from bertforge.inference.pipelines.base import Pipeline, TRUNCATION
 from bertforge.models.loading import ModelSource, load_model, model_directory, open_model
 from bertforge.models.registry import family_of_architecture
@@ -94,6 +97,7 @@ def _device(name: str) -> torch.device:
     return device
 
 
+@checked
 def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str = "auto",
                   precision: str = "auto", max_length: int | None = None,
                   truncation: str | None = None, backend: Any = None,
@@ -118,11 +122,7 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
                     served=True)
     _check_fit(spec, source)
     cls = spec.pipeline.load()
-    unknown = sorted(set(options) - set(cls.options))
-    if unknown:
-        allowed = ", ".join(cls.options) or "none"
-        raise ConfigError(f"option {unknown[0]} does not apply to {spec.name} (its options: "
-                          f"{allowed})")
+    options = _check_options(cls, spec, options)
     truncation = truncation or cls.default_truncation
     if truncation not in TRUNCATION:
         raise ConfigError(f"truncation must be error or truncate, got {truncation!r}")
@@ -131,15 +131,10 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     try:
         tokenizer = load_tokenizer(model_dir)
     except DataError as exc:
-        raise ConfigError(f"model {model_dir}: {exc}") from None
-    positions = config.max_position_embeddings
+        raise ConfigError(in_context(f"model {model_dir}", exc, str(model_dir))) from None
     settings = _run_settings(model_dir, spec, cls)
-    run_length = settings.pop("max_length", None)
-    limit = max_length or run_length or (
-        spec.max_length if cls.windowed else tokenizer.model_max_length)
-    if max_length is not None and not 3 <= max_length <= positions:
-        raise ConfigError(f"max_length={max_length} must be between 3 and the model's "
-                          f"{positions} positions")
+    limit = _input_limit(model_dir, config, max_length, settings.pop("max_length", None),
+                         spec.max_length if cls.windowed else tokenizer.model_max_length)
     # A backend runs where its runtime put it (its ``device``; onnxruntime may have dropped
     # CUDA): report that device, and keep the inputs on the CPU when it is the CPU.
     placed = getattr(backend, "device", None)
@@ -150,8 +145,45 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     extra: dict[str, Any] = {**settings, **options}
     return cls(task=spec.name, model=model, tokenizer=tokenizer, model_dir=model_dir,
                config=config, device=target, precision=numerics,
-               max_length=min(limit, positions), truncation=truncation,
+               max_length=limit, truncation=truncation,
                backend="pytorch" if backend is None else type(backend).__name__, **extra)
+
+
+def _check_options(cls: type[Pipeline], spec: TaskSpec,
+                   options: dict[str, Any]) -> dict[str, Any]:
+    """The options as the pipeline's fields take them (numpy's numbers as Python's);
+    ``ConfigError`` for an option the task's pipeline does not have, ``ArgumentTypeError``
+    (a TypeError) for one of the wrong type, by the pipeline's own field annotations."""
+    unknown = sorted(set(options) - set(cls.options))
+    if unknown:
+        allowed = ", ".join(cls.options) or "none"
+        raise ConfigError(f"option {unknown[0]} does not apply to {spec.name} (its options: "
+                          f"{allowed})")
+    hints = typing.get_type_hints(cls)
+    return {name: check_argument("load_pipeline", name, hints.get(name, Any), value)
+            for name, value in options.items()}
+
+
+def _input_limit(model_dir: Path, config: Any, asked: int | None, run_length: int | None,
+                 default: int) -> int:
+    """Tokens per input: ``asked`` (``max_length=``), else the fine-tuning run's, else
+    ``default``; never past the model's positions, nor past the ``max_seq_length`` a
+    sentence-transformers directory was saved with (what its transformer was trained on and
+    sentence-transformers cuts to), which ``asked`` may lower and not raise."""
+    positions = config.max_position_embeddings
+    if asked is not None and not 3 <= asked <= positions:
+        raise ConfigError(f"max_length={asked} must be between 3 and the model's "
+                          f"{positions} positions")
+    saved = saved_max_seq_length(model_dir)
+    if saved is not None and asked is not None and asked > saved:
+        raise ConfigError(f"max_length={asked} is over the {saved} tokens this model was made "
+                          f"for ({model_dir / SENTENCE_BERT_CONFIG}'s max_seq_length); pass "
+                          f"{saved} or less")
+    if asked is None and run_length is None and default > positions:
+        setting_changed(f"{model_dir}: max_length", default, positions,
+                        f"the model has {positions} positions", default=True)
+    limit = min(asked or run_length or default, positions)
+    return limit if saved is None else min(limit, saved)
 
 
 def _device_name(device: Any) -> str:
@@ -165,6 +197,7 @@ def _device_name(device: Any) -> str:
     return str(device)
 
 
+@checked
 def pipeline(task: str | None = None, model: str | Path | None = None, *,
              device: Any = "auto", **options: Any) -> Pipeline:
     """A pipeline called as transformers' ``pipeline(task, model)``: ``task`` a bertforge or

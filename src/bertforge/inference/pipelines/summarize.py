@@ -10,7 +10,9 @@ import numpy as np
 
 from bertforge.config import GenerationOptions
 from bertforge.errors import ConfigError
-from bertforge.inference.pipelines.base import (InputError, Pipeline, _fields, _number, _text)
+from bertforge.inference.pipelines.base import (InputError, Pipeline, _fields, _flag, _number,
+                                                _text, too_long)
+from bertforge.tokenization.prefix import encode_ids_capped
 
 # --- summarization -------------------------------------------------------------------------------
 
@@ -35,9 +37,10 @@ def _setting(item: Mapping[str, Any], name: str, kind: type | None) -> Any:
 @dataclass
 class SummarizationPipeline(Pipeline):
     """Abstractive summaries by BART with the model's generation_config.json and per-request
-    overrides. Requests with the same settings share a batch."""
+    overrides. Requests with the same settings share a batch. An item may ask for its own
+    ``truncate``."""
 
-    fields: ClassVar[tuple[str, ...]] = ("text", *_GENERATION_FIELDS)
+    fields: ClassVar[tuple[str, ...]] = ("text", "truncate", *_GENERATION_FIELDS)
     default_truncation: ClassVar[str] = "truncate"
     decodes: ClassVar[bool] = True
 
@@ -54,12 +57,13 @@ class SummarizationPipeline(Pipeline):
             message = str(exc)
             named = next((k for k in overrides if f"setting {k}=" in message), "max_length")
             raise InputError(named, message) from None
-        n = len(self.tokenizer.encode(text))
-        if n > self.max_length and self.truncation == "error":
-            raise InputError("text", f"{n} tokens long, over this model's limit of "
-                             f"{self.max_length}; shorten it, or use truncation=truncate")
-        ids = np.asarray(self.tokenizer.encode_truncated([text], self.max_length)[0], np.int64)
-        return SummaryRequest(ids, settings, n > self.max_length)
+        capped = encode_ids_capped(self.tokenizer, text, self.max_length)  # a prefix only
+        truncate = _flag(item, "truncate")
+        refuses = self.truncation == "error" if truncate is None else not truncate
+        over = capped.length > self.max_length
+        if over and refuses:
+            raise too_long(capped.length, self.max_length, pair=False, counted=capped.counted)
+        return SummaryRequest(np.asarray(capped.tokens, np.int64), settings, over)
 
     def cost(self, request: SummaryRequest) -> int:
         return len(request.ids) * request.settings.num_beams  # beams repeat the encoder rows

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import os
 import re
@@ -18,6 +17,7 @@ from typing import Any, Callable
 
 
 from bertforge.core.io import write_json_atomic
+from bertforge.core.jsonfile import read_json
 from bertforge.errors import ConfigError
 
 GENERATION_CONFIG_NAME = "generation_config.json"
@@ -283,18 +283,8 @@ class GenerationConfig:
         path = Path(directory)
         if path.is_dir():
             path = path / GENERATION_CONFIG_NAME
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        if not path.exists():
             raise ConfigError(f"{path}: no such file; save one with GenerationConfig.save or "
-                              "build the settings with GenerationConfig.from_model_config") \
-                from None
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise ConfigError(f"{path}: cannot read: {reason}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); fix the file "
-                              "or save it again") from None
+                              "build the settings with GenerationConfig.from_model_config")
+        data = read_json(path, error=ConfigError, hint="fix the file or save it again")
         return cls.from_dict(data, source=str(path))

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from bertforge.core.arguments import checked
 from bertforge.errors import ConfigError
 from bertforge.models.generation.beam import argmax, beam_search
 from bertforge.models.generation.config import GenerationConfig
@@ -185,6 +186,7 @@ def _own_settings(model: Any, overrides: dict[str, Any]) -> GenerationConfig:
 
 
 @torch.no_grad()
+@checked
 def generate(model: EncoderDecoderModel, input_ids: torch.Tensor,
              attention_mask: torch.Tensor | None, config: GenerationConfig | None = None, *,
              return_scores: bool = False,
