@@ -41,8 +41,15 @@ Guarantees the server relies on:
 * Failure isolation: when a batch raises, each of its requests is retried alone, so only the
   request that fails by itself gets the exception; the worker keeps serving. A batch whose
   runner was lost (:class:`BatchLost`: its replica process died) fails as a whole, unretried.
+* Nothing computed for nobody: a request whose future is cancelled (its client went away)
+  leaves the queue before the next batch is formed and takes no place in it; it is counted as
+  withdrawn by the ``admission`` (:mod:`bertforge.serve.admission`) unless its batch had
+  already started.
 * Draining: :meth:`DynamicBatcher.close` refuses new requests and returns once every queued and
   running request has its answer (graceful shutdown answers what it already accepted).
+  :meth:`DynamicBatcher.expire` (the drain timeout ran out) answers every request not answered
+  yet, queued, being parsed or in the running call, with :class:`BatcherClosed` at once; a
+  later ``close`` then does not wait for the running call.
 
 It is pure asyncio plus threads, with no HTTP in it, so it is unit-testable on its own.
 """
@@ -51,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +100,7 @@ class _Pending:
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
     order: int = field(default_factory=lambda: next(_order))
+    started: bool = False  # in a batch: cancelling it now saves no work
 
     @property
     def rows(self) -> int:
@@ -115,7 +124,9 @@ class DynamicBatcher:
     model's. ``padded``: the token budget counts padded tokens (else real ones).
     ``call_overhead_tokens`` (padded only): the fixed cost of one model call in tokens; a
     request then joins a batch only where that does not cost more than running it alone
-    (None: padding is bounded by the token budget alone). Create the
+    (None: padding is bounded by the token budget alone). ``admission``: the server's
+    :class:`~bertforge.serve.admission.Admission` (its routes hold their items there; the
+    batcher counts the items it withdraws in its ``dropped``). Create the
     batcher, ``await start()`` inside the event loop that will submit, and
     ``await close()`` before the loop ends.
     """
@@ -124,7 +135,7 @@ class DynamicBatcher:
                  max_batch_items: int, max_wait_ms: float,
                  on_batch: Callable[[BatchStats], None] | None = None,
                  concurrency: int = 1, parse_apart: bool = False, padded: bool = True,
-                 call_overhead_tokens: int | None = None) -> None:
+                 call_overhead_tokens: int | None = None, admission: Any = None) -> None:
         if max_batch_tokens < 1 or max_batch_items < 1 or max_wait_ms < 0 or concurrency < 1:
             raise ValueError("max_batch_tokens, max_batch_items and concurrency must be >= 1 and "
                              f"max_wait_ms >= 0 (got {max_batch_tokens}, {max_batch_items}, "
@@ -138,10 +149,13 @@ class DynamicBatcher:
         self.max_batch_items = max_batch_items
         self.max_wait = max_wait_ms / 1000.0
         self.on_batch = on_batch
+        self.admission = admission
         self._queue: collections.deque[_Pending] = collections.deque()
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._closing = False
+        self._expired = False
+        self._running: list[list[_Pending]] = []  # the batches in a model call
         self._expected = 0       # announced requests not submitted yet (being tokenized)
         self._last_size = 0      # items of the last batch formed ...
         self._last_done = -1.0   # ... and when its call ended (monotonic seconds)
@@ -184,9 +198,16 @@ class DynamicBatcher:
         tokens = max(int(cost), 1)
         pending = _Pending(request, tokens, max(1, min(int(width or tokens), tokens)),
                            asyncio.get_running_loop().create_future())
+        pending.future.add_done_callback(lambda _, p=pending: self._withdrawn(p))
         self._queue.append(pending)
         self._wakeup.set()
         return pending.future
+
+    def _withdrawn(self, pending: _Pending) -> None:
+        """A request's future is done: count it dropped when it was cancelled before its batch
+        started (the next batch leaves it out)."""
+        if pending.future.cancelled() and not pending.started and self.admission is not None:
+            self.admission.dropped += 1
 
     async def submit(self, request: Any, cost: int, width: int | None = None) -> Any:
         """:meth:`enqueue` ``request`` and wait for its result."""
@@ -199,14 +220,30 @@ class DynamicBatcher:
         return await asyncio.get_running_loop().run_in_executor(self._parser, fn, *args)
 
     async def close(self) -> None:
-        """Refuse new requests, answer every queued one, then stop the worker and its thread."""
+        """Refuse new requests, answer every queued one, then stop the worker and its thread.
+        After :meth:`expire` nothing is left to answer, and the running call (which cannot be
+        interrupted) is not waited for."""
         self._closing = True
         if self._wakeup is not None:
             self._wakeup.set()
         if self._worker is not None:
-            await self._worker
-        self._executor.shutdown(wait=True)
-        self._parser.shutdown(wait=True)
+            if self._expired:
+                self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        self._executor.shutdown(wait=not self._expired, cancel_futures=True)
+        self._parser.shutdown(wait=not self._expired, cancel_futures=True)
+
+    def expire(self) -> None:
+        """Answer every request not answered yet with :class:`BatcherClosed` at once, queued or
+        in the running call, and refuse new ones (and parses): the drain timeout ran out."""
+        self._closing = self._expired = True
+        gone = BatcherClosed("the server is shutting down")
+        for pending in [*self._queue, *(p for batch in self._running for p in batch)]:
+            _resolve(pending, exception=gone)
+        self._queue.clear()
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     # ------------------------------------------------------------------ worker
 
@@ -287,8 +324,8 @@ class DynamicBatcher:
         assert self._wakeup is not None
         while True:
             # Requests whose client went away are dropped before they take a batch slot.
-            while self._queue and self._queue[0].future.done():
-                self._queue.popleft()
+            if any(p.future.done() for p in self._queue):
+                self._queue = collections.deque(p for p in self._queue if not p.future.done())
             if not self._queue:
                 if self._closing:
                     return []
@@ -308,6 +345,8 @@ class DynamicBatcher:
             self._queue = collections.deque(p for p in self._queue if id(p) not in taken)
             # A client may have gone away during the wait: skip it rather than compute for nobody.
             batch = sorted((p for p in chosen if not p.future.done()), key=lambda p: p.order)
+            for pending in batch:
+                pending.started = True
             if batch:
                 return batch
 
@@ -331,6 +370,13 @@ class DynamicBatcher:
                     run_seconds=self._last_done - started, padded_tokens=padded_tokens(batch)))
 
     async def _run_batch(self, batch: list[_Pending]) -> None:
+        self._running.append(batch)
+        try:
+            await self._answer(batch)
+        finally:
+            self._running.remove(batch)
+
+    async def _answer(self, batch: list[_Pending]) -> None:
         try:
             results = await self._call(batch)
         except BatchLost as exc:

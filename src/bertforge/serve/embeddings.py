@@ -19,13 +19,16 @@ own default names); base64 is the little-endian float32 bytes, as OpenAI sends t
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any, Mapping
 
 import numpy as np
 
+from bertforge.core.kinds import json_kind
 from bertforge.inference.pipelines import Pipeline
 from bertforge.serve.answering import answer_items
 from bertforge.serve.batching import DynamicBatcher
+from bertforge.serve.disclosure import model_name
 from bertforge.serve.limits import ApiError
 from bertforge.serve.settings import ServeSettings
 
@@ -38,10 +41,29 @@ ENCODINGS = ("float", "base64")
 # --- request fields ------------------------------------------------------------------------------
 
 
+def got(value: Any) -> str:
+    """``json_kind`` of ``value`` with the value itself when it is short, for messages."""
+    kind = json_kind(value)
+    if isinstance(value, (list, dict)):
+        return kind
+    shown = repr(value) if isinstance(value, str) else json.dumps(value)
+    return kind if len(shown) > 40 or value is None else f"{kind} {shown}"
+
+
+def _token_ids(value: list) -> bool:
+    """Whether ``value`` is what OpenAI's route also takes and this server does not: token
+    ids (a list of integers, or a list of such lists)."""
+    def ids(row: Any) -> bool:
+        return (isinstance(row, list) and bool(row)
+                and all(isinstance(i, int) and not isinstance(i, bool) for i in row))
+    return ids(value) or all(ids(row) for row in value)
+
+
 def check_fields(body: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
     """``body`` as an object whose keys are all in ``allowed`` (422 naming the first other)."""
     if not isinstance(body, dict):
-        raise ApiError(422, f"the body must be a JSON object with {', '.join(allowed)}", "body")
+        raise ApiError(422, f"the body must be a JSON object with {', '.join(allowed)}, got "
+                            f"{json_kind(body)}", "body")
     for key in body:
         if key not in allowed:
             raise ApiError(422, f"{key} is not a field of this request; fields: "
@@ -50,31 +72,39 @@ def check_fields(body: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
 
 
 def texts_field(body: Mapping[str, Any], key: str, settings: ServeSettings, *,
-                required: bool = True) -> tuple[list[tuple[str, str]], bool]:
-    """The strings of ``body[key]`` (one string, or a list of them) as ``[(field name,
-    text)]`` (``key`` for a lone string, ``key[i]`` in a list) and whether it was a list.
-    422 for a wrong type or an empty list, 413 over ``--max-batch-items`` or
-    ``--max-text-chars``."""
+                single: bool = True) -> tuple[list[tuple[str, str]], bool]:
+    """The strings of ``body[key]`` (one string when ``single``, or a list of them) as
+    ``[(field name, text)]`` (``key`` for a lone string, ``key[i]`` in a list) and whether it
+    was a list. 422 for anything else, naming what arrived and where (``key``, ``key[2]``)
+    and what is accepted; token ids (what OpenAI's route also takes) are told apart from
+    other numbers. 413 over ``--max-batch-items`` or ``--max-text-chars``."""
     value = body.get(key)
+    accepted = "a string or a list of strings" if single else "a list of strings"
     if value is None:
-        raise ApiError(422, f"{key} is required: a string or a list of strings", key)
-    batched = isinstance(value, list)
-    named = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if batched else [(key, value)]
-    if batched and not value:
-        raise ApiError(422, f"{key} must not be an empty list", key)
+        raise ApiError(422, f"{key} is required: {accepted}", key)
+    if isinstance(value, str) and single:
+        named = [(key, value)]
+    elif not isinstance(value, list) or not value:
+        raise ApiError(422, f"{key} is {json_kind(value)}; send {accepted}", key)
+    elif _token_ids(value):
+        raise ApiError(422, f"{key} is {json_kind(value)}: token ids; this server embeds text, "
+                            f"not token ids: send {accepted} (a client that tokenizes first, "
+                            "as LangChain's OpenAIEmbeddings does, must send the text: "
+                            "check_embedding_ctx_length=False)", key)
+    else:
+        named = [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+        bad = next(((name, v) for name, v in named if not isinstance(v, str)), None)
+        if bad is not None:
+            raise ApiError(422, f"{bad[0]} is {json_kind(bad[1])}; each item of {key} must be "
+                                f"a string ({key}: {accepted})", bad[0])
     if len(named) > settings.max_batch_items:
         raise ApiError(413, f"{key} holds {len(named)} texts; the limit is "
                             f"{settings.max_batch_items} per request (--max-batch-items)", key)
     for name, text in named:
-        if isinstance(text, (int, list)) and not isinstance(text, bool):
-            raise ApiError(422, f"{name} holds token ids; this server takes text only: send "
-                                "strings", name)
-        if not isinstance(text, str):
-            raise ApiError(422, f"{name} must be a string", name)
         if len(text) > settings.max_text_chars:
             raise ApiError(413, f"{name} is {len(text)} characters; the limit is "
                                 f"{settings.max_text_chars} (--max-text-chars)", name)
-    return named, batched
+    return named, isinstance(value, list)
 
 
 def flag(body: Mapping[str, Any], name: str, default: bool | None) -> bool | None:
@@ -82,7 +112,7 @@ def flag(body: Mapping[str, Any], name: str, default: bool | None) -> bool | Non
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ApiError(422, f"{name} must be true or false", name)
+        raise ApiError(422, f"{name} must be true or false, got {got(value)}", name)
     return value
 
 
@@ -111,14 +141,15 @@ class EmbeddingApi:
         self.extractor, self.batcher, self.settings = extractor, batcher, settings
         described = extractor.describe()
         self.dimensions = described.get("dimensions")
-        self.model_name = str(described.get("model", "model")).rstrip("/").rsplit("/", 1)[-1]
+        self.model_name = model_name(described.get("model", "model"))
 
     async def vectors(self, texts: list[tuple[str, str]], options: Mapping[str, Any],
                       route: str) -> tuple[list[list[float]], int]:
         """The embedding of every ``(field name, text)`` and the tokens they took."""
         items = [(name, {"text": text, **options}) for name, text in texts]
+        # A text is the request's value itself: an error names it as sent ("input[1]").
         results, costs = await answer_items(self.extractor, self.batcher, items, self.settings,
-                                            True, route=route, whole=("text",))
+                                            True, route=route, names={"text": None})
         return [r["embedding"] for r in results], sum(costs)
 
     async def openai(self, body: Any) -> dict:
@@ -127,16 +158,19 @@ class EmbeddingApi:
         texts, _ = texts_field(body, "input", self.settings)
         for name in ("model", "user"):
             if body.get(name) is not None and not isinstance(body[name], str):
-                raise ApiError(422, f"{name} must be a string", name)
-        encoding = body.get("encoding_format") or "float"
-        if encoding not in ENCODINGS:
-            raise ApiError(422, f"encoding_format must be float or base64, got {encoding!r}",
+                raise ApiError(422, f"{name} must be a string, got {got(body[name])}", name)
+        encoding = body.get("encoding_format")
+        encoding = "float" if encoding is None else encoding
+        if not isinstance(encoding, str) or encoding not in ENCODINGS:
+            raise ApiError(422, f"encoding_format must be float or base64, got {got(encoding)}",
                            "encoding_format")
         dimensions = body.get("dimensions")
         if dimensions is not None and (dimensions != self.dimensions or
+                                       not isinstance(dimensions, int) or
                                        isinstance(dimensions, bool)):
             raise ApiError(422, f"dimensions must be this model's {self.dimensions} (its "
-                                "vectors are not shortened); leave it out", "dimensions")
+                                f"vectors are not shortened), got {got(dimensions)}; leave it "
+                                "out", "dimensions")
         options = item_options(body, flag(body, "normalize", None))
         vectors, tokens = await self.vectors(texts, options, "/v1/embeddings")
         data = [{"object": "embedding", "index": i,
@@ -160,4 +194,4 @@ def _base64(vector: list[float]) -> str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
-__all__ = ["EmbeddingApi", "check_fields", "texts_field"]
+__all__ = ["EmbeddingApi", "check_fields", "got", "texts_field"]

@@ -33,6 +33,8 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
+from bertforge.core.numbers import ascii_int
+
 CPU_CALL_TOKENS = 16
 """The fixed cost of one padded model call on a CPU, in tokens of its forward pass: MiniLM-L6
 under onnxruntime on one core took 4.2 ms for 8 tokens and about 0.21 ms per token beyond
@@ -53,8 +55,8 @@ def _fixed_threads(requested: int) -> int | None:
     whole number; None when the threads are automatic."""
     if requested > 0:
         return requested
-    given = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(given) if given.isdigit() and int(given) > 0 else None
+    # Not a count (OpenMP itself warns about it): automatic, as when unset.
+    return ascii_int(os.environ.get("OMP_NUM_THREADS", "")) or None
 
 
 def model_threads(requested: int = 0) -> int:

@@ -1,6 +1,6 @@
-"""What the server accepts, checked before any work is queued: the body (size, read time, JSON
-shape), the items in it (count, text sizes, valid Unicode) and, for summaries, the decoding work
-asked for. Each refusal is an :class:`ApiError` that names the field and the option to change.
+"""What the server accepts, checked before any work is queued: the body (its encoding and media
+type, size, read time, JSON shape), the items in it (count, text sizes, valid Unicode) and, for
+summaries, the decoding work asked for. Each refusal is an :class:`ApiError` that names the field and the option to change.
 
 The JSON checks close the gaps Python's parser leaves: it builds an int from any number of digits
 (and raises ValueError past 4300), recurses once per nesting level (RecursionError near 1000),
@@ -30,12 +30,29 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 class ApiError(Exception):
     """A request answered with ``status`` and the JSON error body; ``close`` also ends the
-    connection (the request's body was not read to its end)."""
+    connection (the request's body was not read to its end); ``retry_after``: seconds sent as
+    ``Retry-After`` (rounded up to a whole second, at least 1)."""
 
     def __init__(self, status: int, message: str, field: str | None = None, *,
-                 close: bool = False) -> None:
+                 close: bool = False, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.field, self.close = status, message, field, close
+        self.retry_after = retry_after
+
+
+SHUTTING_DOWN = "the server is shutting down; retry on another instance"
+"""What a request the server refuses because it is stopping is told, whichever part refuses it
+(admission, a batcher closed at the drain timeout, a replica pool closed under a batch)."""
+
+
+def shutting_down() -> ApiError:
+    """The 503 of a request refused because the server is stopping; the connection closes."""
+    return ApiError(503, SHUTTING_DOWN, close=True)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready (while it sent its body,
+    or while it waited): nobody will read an answer."""
 
 
 def error_body(message: str, field: str | None = None) -> dict[str, Any]:
@@ -44,43 +61,69 @@ def error_body(message: str, field: str | None = None) -> dict[str, Any]:
 
 
 DRAIN_BYTES = 1 << 20
-"""A body declared at most this many bytes over ``max_body_bytes`` is read and dropped (within
-``body_timeout``) before the 413: closing a connection whose sent data was never read makes the
-kernel answer with a reset, which can reach the client before the 413 does. A larger one is
-refused unread."""
+"""After refusing a request whose body it did not read (a 413, 415 or 503 sent at once), the
+server reads and drops up to this many more bytes of it before it closes the connection
+(:mod:`bertforge.serve.protocol`): closing a socket with received data unread makes the kernel
+send a reset, which can destroy the answer before the client reads it. A client still sending
+past this is cut off."""
+
+JSON_TYPES = ("application/json", "text/json")
+"""Media types of a JSON body, besides any ``application/...+json``."""
+UTF8 = ("utf-8", "utf8")
 
 
-async def _drain(request: Any, timeout: float) -> None:
-    """Read and drop ``request``'s body, for at most ``timeout`` seconds."""
-    async def drop() -> None:
-        async for _ in request.stream():
-            pass
-
-    try:
-        await asyncio.wait_for(drop(), timeout)
-    except (asyncio.TimeoutError, OSError, ClientDisconnect):
-        pass  # the 413 goes out all the same (or to nobody)
+def check_body_headers(headers: Any) -> None:
+    """415 for a body in a form the server does not read, naming the header: a
+    ``Content-Encoding`` other than identity (the body is read as it arrives: a compressed
+    one would fail as JSON with a confusing message), or a ``Content-Type`` that is not JSON in
+    UTF-8. A request without Content-Type is read as JSON."""
+    for value in headers.getlist("content-encoding"):
+        codings = [c.strip().lower() for c in value.split(",") if c.strip()]
+        if any(c != "identity" for c in codings):
+            raise ApiError(415, f"Content-Encoding: {value} is not supported: this server reads "
+                                "request bodies as they are; send the JSON uncompressed, "
+                                "without Content-Encoding", "Content-Encoding", close=True)
+    value = headers.get("content-type")
+    if value is None:
+        return
+    media, *params = [part.strip() for part in value.split(";")]
+    media = media.lower()
+    charset = next((p.split("=", 1)[1].strip(' "').lower() for p in params
+                    if p.lower().startswith("charset=")), "utf-8")
+    json_media = media in JSON_TYPES or (media.startswith("application/") and
+                                         media.endswith("+json"))
+    if not json_media or charset not in UTF8:
+        what = "JSON" if not json_media else "UTF-8"
+        raise ApiError(415, f"Content-Type: {value} is not supported: the body must be "
+                            f"{what}; send Content-Type: application/json (curl: --json, or -H "
+                            "'Content-Type: application/json')", "Content-Type", close=True)
 
 
 async def read_body(request: Any, settings: ServeSettings) -> bytes:
-    """The raw body of ``request``: 413 beyond ``max_body_bytes`` (declared or counted while
-    streaming, for chunked bodies), 408 when it takes longer than ``body_timeout``."""
+    """The raw body of ``request``: 415 for a body the server does not read
+    (:func:`check_body_headers`), 413 beyond ``max_body_bytes`` (declared, or counted while
+    streaming for chunked bodies), 408 when it takes longer than ``body_timeout``. Refused at
+    once, before the rest of the body is read (the connection then closes, see
+    :data:`DRAIN_BYTES`). :class:`ClientGone` when the client disconnects meanwhile."""
+    check_body_headers(request.headers)
     limit = settings.max_body_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        if int(declared) <= limit + DRAIN_BYTES:
-            await _drain(request, settings.body_timeout)
+    if declared is not None and declared.isascii() and declared.isdigit() \
+            and int(declared) > limit:
         raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit} "
                             "(--max-body-bytes)", "body", close=True)
 
     async def collect() -> bytes:
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"the request body is over the limit of {limit} bytes "
-                                    "(--max-body-bytes)", "body", close=True)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the request body is over the limit of {limit} bytes "
+                                        "(--max-body-bytes)", "body", close=True)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ClientGone() from None
         return b"".join(chunks)
 
     try:
@@ -215,5 +258,6 @@ def check_generation(items: Items, requests: list[Any], settings: ServeSettings,
                        "inputs" if batched else "num_beams")
 
 
-__all__ = ["ApiError", "Items", "body_items", "check_generation", "error_body", "parse_json",
-           "read_body"]
+__all__ = ["ApiError", "ClientGone", "DRAIN_BYTES", "Items", "SHUTTING_DOWN", "body_items",
+           "check_body_headers", "check_generation", "error_body", "parse_json", "read_body",
+           "shutting_down"]

@@ -37,9 +37,14 @@ _REPLICA_SERIES = (
       "(busy_seconds / wall time = use).")),
     ("errors", "bertforge_replica_errors", "counter",
      "Batches a replica failed (an exception, or the replica died while running it)."),
+    ("timeouts", "bertforge_replica_timeouts", "counter",
+     "Batches a replica did not answer within its deadline (it was killed for each)."),
+    ("restarts", "bertforge_replica_restarts", "counter",
+     "Times a replica was started again after it died or missed a deadline."),
     ("up", "bertforge_replica_up", "gauge",
-     "1 while a replica's process is alive, 0 once it died (it is not used again)."),
+     "1 while a replica is ready (idle or busy), 0 while it restarts or once it is left down."),
 )
+_READY = ("idle", "busy")
 
 
 class _ReplicaCollector:
@@ -54,9 +59,33 @@ class _ReplicaCollector:
             family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             family = family_type(name, text, labels=["replica", "device"])
             for row in rows:
-                value = (row["state"] != "dead") if key == "up" else row[key]
+                value = (row["state"] in _READY) if key == "up" else row.get(key, 0)
                 family.add_metric([str(row["replica"]), row["device"]], float(value))
             yield family
+
+
+class _AdmissionCollector:
+    """The admission queue's series, read from it when scraped (it keeps the counts)."""
+
+    def __init__(self, admission: Any) -> None:
+        self.admission = admission
+
+    def collect(self) -> Iterator[Any]:
+        a = self.admission
+        yield GaugeMetricFamily("bertforge_queue_items", "Request items held: admitted and not "
+                                "answered yet (being tokenized, queued or in a model call).",
+                                value=a.admitted)
+        yield GaugeMetricFamily("bertforge_queue_limit", "The most request items held at once "
+                                "(--max-queue).", value=a.limit)
+        rejected = CounterMetricFamily("bertforge_rejected_requests", "Requests answered 503 "
+                                       "before any work: the queue was full, or the server was "
+                                       "shutting down.", labels=["reason"])
+        for reason, count in a.rejected.items():
+            rejected.add_metric([reason], float(count))
+        yield rejected
+        yield CounterMetricFamily("bertforge_dropped_items", "Request items never computed "
+                                  "because their client went away while they waited.",
+                                  value=a.dropped)
 
 
 class ServerMetrics:
@@ -106,10 +135,18 @@ class ServerMetrics:
     def add_replicas(self, snapshot: Callable[[], Sequence[Mapping[str, Any]]]) -> None:
         """Expose per-replica series (``bertforge_replica_*``, labels ``replica`` and
         ``device``) read from ``snapshot()``: one mapping per replica with ``replica``,
-        ``device``, ``state`` ("dead" once its process ended), ``batches``, ``items``,
-        ``busy_seconds`` and ``errors`` (:meth:`bertforge.serve.replicas.ReplicaPool.snapshot`).
+        ``device``, ``state`` (ready when "idle" or "busy"), ``batches``, ``items``,
+        ``busy_seconds``, ``errors``, ``timeouts`` and ``restarts``
+        (:meth:`bertforge.serve.replica_pool.ReplicaPool.snapshot`).
         """
         self.registry.register(_ReplicaCollector(snapshot))
+
+    def add_admission(self, admission: Any) -> None:
+        """Expose the admission queue's series (``bertforge_queue_items``,
+        ``bertforge_queue_limit``, ``bertforge_rejected_requests_total`` by ``reason`` and
+        ``bertforge_dropped_items_total``) read from ``admission``
+        (:class:`bertforge.serve.admission.Admission`)."""
+        self.registry.register(_AdmissionCollector(admission))
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         """Record one answered HTTP request."""

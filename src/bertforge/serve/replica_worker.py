@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import threading
 import time
 import traceback
@@ -18,7 +17,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from bertforge.core.signals import STOP_SIGNALS
+from bertforge.core.signals import ignore_stop_signals
 from bertforge.errors import UserError
 
 PARENT_POLL_S = 0.5  # how often a replica checks that the server process is still there
@@ -71,14 +70,11 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def _error_reply(exc: Exception) -> tuple:
-    """The reply for a batch that raised ``exc`` (in the ``except`` block): an ``InputError``
-    by its field and message (it does not survive pickling as is), another exception as itself
-    when it survives pickling, else as a RuntimeError naming its type; with its traceback."""
-    from bertforge.inference.pipelines import InputError
-
+    """The reply for a batch that raised ``exc`` (in the ``except`` block): the exception
+    itself when it survives pickling (an ``InputError`` does whole, template and all, so the
+    server can still put its client's names in), else a RuntimeError naming its type; with
+    its traceback."""
     text = traceback.format_exc()
-    if isinstance(exc, InputError):
-        return ("input", (exc.field, exc.message), text)
     try:
         pickle.loads(pickle.dumps(exc))
     except Exception:
@@ -118,8 +114,7 @@ def _answer(conn: Connection, pipelines: dict[str, Any]) -> None:
 def replica_main(spec: ReplicaSpec, device: str, threads: int | None, conn: Connection,
                  parent_pid: int) -> None:
     """A replica process: load the pipelines, say ready (with their descriptions), answer."""
-    for sig in (signal.SIGINT, *STOP_SIGNALS):
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()  # the server process decides when replicas stop
     _exit_with_parent(parent_pid)
     if threads is not None:  # CPU replicas share the cores instead of each taking all of them
         os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -13,48 +13,21 @@ What the server relies on:
 
 * Same answers: the requests a replica runs are the ones the main process parsed, run by the
   same pipeline code a single-process server calls.
-* A replica that dies (killed, out of memory, a crash in native code) fails the batch it held
-  with :class:`ReplicaDied` (a JSON 503), never a hang: the pool waits on the pipe and on the
-  process's sentinel together. The replica is reported in ``/health`` and ``/metrics`` and not
-  used again; the others keep serving. Its requests are not retried elsewhere, so a request that
-  crashes a replica cannot crash the others in turn.
-* Replicas ignore SIGINT and SIGTERM: the main process decides when to stop, drains its queue
-  (which needs them), then :meth:`ReplicaPool.close` tells each to exit and kills stragglers.
-  A replica also exits within a second of the main process's death however it ended (it polls
-  its parent), so no replica outlives the server.
+* No hang, no lost replica: a replica that dies or misses a batch's deadline fails that batch
+  with a JSON 503 and is restarted with back-off, a bounded number of times, while the others
+  keep serving (:mod:`bertforge.serve.replica_pool`, which also says how replicas stop).
 """
 
 from __future__ import annotations
 
-import logging
-import multiprocessing
-import os
-import threading
-import time
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Sequence
 
-from bertforge.errors import ConfigError, UserError
-from bertforge.serve.batching import BatchLost
-from bertforge.serve.execution import cores as _cores
-from bertforge.serve.replica_worker import ReplicaSpec, load_pipelines, replica_main
-
-log = logging.getLogger("bertforge.serve")
-
-STOP_GRACE_S = 10.0  # how long close() waits for replicas to exit before killing them
-
-
-class ReplicaDied(BatchLost):
-    """The replica running a batch ended before answering it (or none is left)."""
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a replica, attached as its ``__cause__`` so the
-    server log shows where in the replica it happened."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(f"\n--- in the replica ---\n{text.rstrip()}")
+from bertforge.core.numbers import whole_number
+from bertforge.errors import ConfigError
+from bertforge.serve.replica_pool import ReplicaDied, ReplicaPool
+from bertforge.serve.replica_worker import ReplicaSpec, load_pipelines
+from bertforge.serve.settings import ServeSettings
 
 
 # ---------------------------------------------------------------------------- planning
@@ -67,13 +40,10 @@ def _gpus() -> int:
 
 
 def _count(replicas: int | str | None) -> int | str | None:
-    """``replicas`` as a count >= 1, or None / "auto" as given."""
-    if replicas is None or replicas == "auto":
-        return replicas
-    text = str(replicas).strip()
-    if isinstance(replicas, bool) or not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"--replicas must be a whole number >= 1 or auto (got {replicas!r})")
-    return int(text)
+    """``replicas`` as a count >= 1, "auto", or None as given."""
+    if replicas is None:
+        return None
+    return whole_number(replicas, "--replicas", minimum=1, words=("auto",))
 
 
 def _expand(name: str) -> list[str]:
@@ -165,198 +135,6 @@ def load_parsers(model_dir: Path, task: str | None, backend: str, truncation: st
                                  truncation=truncation)
 
 
-# ---------------------------------------------------------------------------- the pool
-
-
-class _Replica:
-    """The main process's handle on one replica, with its counts for /health and /metrics."""
-
-    def __init__(self, index: int, device: str, process: Any, conn: Connection) -> None:
-        self.index, self.device, self.process, self.conn = index, device, process, conn
-        self.state = "starting"  # then idle <-> busy, and dead once its process ended
-        self.exit_code: int | None = None
-        self.batches = self.items = self.errors = 0
-        self.busy_seconds = 0.0
-        self.turn = -1  # when it last took a batch (a count of batches sent)
-
-    def row(self) -> dict[str, Any]:
-        return {"replica": self.index, "device": self.device, "pid": self.process.pid,
-                "state": self.state, "exit_code": self.exit_code, "batches": self.batches,
-                "items": self.items, "busy_seconds": round(self.busy_seconds, 6),
-                "errors": self.errors}
-
-
-class ReplicaPool:
-    """Replica processes of one model; :meth:`run` sends a batch to the free one that has waited
-    longest, so the work spreads over all of them even under light load (thread-safe: the
-    batcher calls it from one thread per replica)."""
-
-    def __init__(self, spec: ReplicaSpec, devices: Sequence[str]) -> None:
-        self.spec, self.devices = spec, list(devices)
-        self.descriptions: dict[str, dict] = {}  # describe() of replica 0's pipelines
-        self._replicas: list[_Replica] = []
-        self._changed = threading.Condition()
-        self._closed = False
-        self._turns = 0
-
-    @property
-    def size(self) -> int:
-        return len(self.devices)
-
-    def start(self) -> None:
-        """Start every replica (they load in parallel) and wait until each is ready; a replica
-        that fails to load is a one-line ``UserError`` (call :meth:`close` in any case)."""
-        context = multiprocessing.get_context("spawn")
-        on_cpu = sum(device == "cpu" for device in self.devices)
-        threads = max(1, _cores() // on_cpu) if on_cpu else None
-        for index, device in enumerate(self.devices):
-            mine, theirs = context.Pipe()
-            process = context.Process(
-                target=replica_main, name=f"bertforge-replica-{index}", daemon=True,
-                args=(self.spec, device, threads if device == "cpu" else None, theirs,
-                      os.getpid()))
-            process.start()
-            theirs.close()
-            self._replicas.append(_Replica(index, device, process, mine))
-        for replica in self._replicas:
-            self._await_ready(replica)
-
-    def _await_ready(self, replica: _Replica) -> None:
-        message = None
-        if replica.conn in wait([replica.conn, replica.process.sentinel]):
-            try:
-                message = replica.conn.recv()
-            except (EOFError, OSError):
-                pass
-        if message is None or message[0] != "ready":
-            replica.process.join(5.0)
-            why = message[1] if message is not None else (
-                f"its process ended (exit code {replica.process.exitcode}) while loading the "
-                "model; the log above may say why")
-            raise UserError(f"replica {replica.index} ({replica.device}) did not start: {why}")
-        if replica.index == 0:
-            self.descriptions = message[1]
-        replica.state = "idle"
-
-    def run(self, kind: str, requests: Sequence[Any]) -> list[Any]:
-        """The results of ``requests`` run as one batch by the ``kind`` pipeline ("task" or
-        "embeddings") of a free replica; blocks while all are busy. Raises what the pipeline
-        raised, or :class:`ReplicaDied`."""
-        replica = self._acquire()
-        started = time.monotonic()
-        answered = False
-        try:
-            reply = self._exchange(replica, (kind, list(requests)))
-            if reply[0] == "ok":
-                answered = True
-                return reply[1]
-            cause = RemoteTraceback(reply[2]) if reply[2] else None
-            if reply[0] == "input":
-                from bertforge.inference.pipelines import InputError
-
-                raise InputError(*reply[1]) from cause
-            raise reply[1] from cause
-        finally:
-            self._release(replica, len(requests), time.monotonic() - started, answered)
-
-    def _acquire(self) -> _Replica:
-        with self._changed:
-            while True:
-                if self._closed:
-                    raise ReplicaDied("the server is shutting down; retry on another instance")
-                self._reap()
-                idle = [r for r in self._replicas if r.state == "idle"]
-                if idle:
-                    replica = min(idle, key=lambda r: r.turn)  # ties: the lowest index
-                    replica.state, replica.turn = "busy", self._turns
-                    self._turns += 1
-                    return replica
-                if all(r.state == "dead" for r in self._replicas):
-                    raise ReplicaDied("every replica of this server has stopped (see /health); "
-                                      "restart the server")
-                self._changed.wait()
-
-    def _exchange(self, replica: _Replica, message: tuple) -> tuple:
-        """Send a batch and wait for its answer, or for the replica's death."""
-        try:
-            replica.conn.send(message)
-            if replica.conn in wait([replica.conn, replica.process.sentinel]):
-                return replica.conn.recv()
-        except (EOFError, OSError):
-            pass
-        replica.process.join(1.0)
-        with self._changed:
-            self._bury(replica)
-            alive = sum(r.state != "dead" for r in self._replicas)
-        return ("error", ReplicaDied(
-            f"replica {replica.index} ({replica.device}) stopped (exit code "
-            f"{replica.exit_code}) while running this request; {alive} of {self.size} "
-            "replicas keep serving: retry"), "")
-
-    def _release(self, replica: _Replica, items: int, seconds: float, answered: bool) -> None:
-        with self._changed:
-            replica.busy_seconds += seconds
-            if answered:
-                replica.batches += 1
-                replica.items += items
-            else:
-                replica.errors += 1
-            if replica.state == "busy":
-                replica.state = "idle"
-            self._changed.notify_all()
-
-    def _bury(self, replica: _Replica) -> None:
-        """Mark a replica whose process ended as dead (called holding the lock)."""
-        if replica.state == "dead":
-            return
-        replica.state, replica.exit_code = "dead", replica.process.exitcode
-        log.error("replica %d (%s, pid %s) stopped with exit code %s; it is not used again",
-                  replica.index, replica.device, replica.process.pid, replica.exit_code)
-        self._changed.notify_all()
-
-    def _reap(self) -> None:
-        """Notice idle replicas whose process ended (busy ones are noticed by their caller)."""
-        for replica in self._replicas:
-            if replica.state == "idle" and replica.process.exitcode is not None:
-                self._bury(replica)
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        """One row per replica: replica (its index), device, pid, state (idle, busy, dead), exit code, and the
-        batches, items, busy seconds and errors so far."""
-        with self._changed:
-            self._reap()
-            return [replica.row() for replica in self._replicas]
-
-    def health(self) -> dict[str, Any]:
-        """What ``/health`` adds: ``status`` ok, degraded (a replica died) or down (all did),
-        ``ready`` (any replica alive) and the replicas' rows."""
-        rows = self.snapshot()
-        alive = sum(row["state"] != "dead" for row in rows)
-        status = "ok" if alive == len(rows) else "degraded" if alive else "down"
-        return {"status": status, "ready": alive > 0, "replicas": rows}
-
-    def close(self, grace: float = STOP_GRACE_S) -> None:
-        """Tell every replica to exit, wait up to ``grace`` seconds, then kill what is left."""
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
-        for replica in self._replicas:
-            try:
-                replica.conn.send(None)
-            except OSError:
-                pass
-        deadline = time.monotonic() + grace
-        for replica in self._replicas:
-            replica.process.join(max(0.0, deadline - time.monotonic()))
-        for replica in self._replicas:
-            if replica.process.is_alive():
-                log.warning("replica %d (pid %s) did not exit within %.0f s; killing it",
-                            replica.index, replica.process.pid, grace)
-                replica.process.kill()
-                replica.process.join(5.0)
-            replica.conn.close()
-
-
 class ReplicaPipeline:
     """One route of a replicated server, as the app sees a pipeline: ``parse`` and ``cost``
     (and any other attribute) from the parse-only pipeline of this process, ``describe()`` from
@@ -379,7 +157,8 @@ class ReplicaPipeline:
         return described
 
     def run(self, requests: Sequence[Any]) -> list[Any]:
-        return self.pool.run(self.kind, requests)
+        # The batch's tokens set its deadline (ReplicaPool.deadline).
+        return self.pool.run(self.kind, requests, sum(self.parser.cost(r) for r in requests))
 
     __call__ = run
 
@@ -389,14 +168,17 @@ class ReplicaPipeline:
         return getattr(self.parser, name)
 
 
-def start_replicas(model_dir: Path, spec: ReplicaSpec, devices: Sequence[str]
+def start_replicas(model_dir: Path, spec: ReplicaSpec, devices: Sequence[str],
+                   settings: ServeSettings = ServeSettings()
                    ) -> tuple[ReplicaPool, ReplicaPipeline, ReplicaPipeline | None]:
-    """Check the model and options here (parse-only pipelines), then start the replicas; the
-    pool and the pipelines to serve (the second None without embeddings). On any failure,
-    SIGTERM included, the replicas already started are stopped."""
+    """Check the model and options here (parse-only pipelines), then start the replicas (with
+    the deadline and restarts of ``settings``); the pool and the pipelines to serve (the second
+    None without embeddings). On any failure, SIGTERM included, the replicas already started
+    are stopped."""
     parser, extractor = load_parsers(model_dir, spec.task, spec.backend, spec.truncation,
                                      spec.embeddings)
-    pool = ReplicaPool(spec, devices)
+    pool = ReplicaPool(spec, devices, timeout=settings.replica_timeout,
+                       restarts=settings.replica_restarts)
     try:
         pool.start()
     except BaseException:

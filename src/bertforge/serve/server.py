@@ -2,10 +2,12 @@
 
 The socket is bound here rather than by uvicorn so that a busy port is a one-line user error and
 ``port=0`` picks a free port, printed on the ``listening on`` line (scripts and tests read it).
-SIGTERM (and Ctrl-C) start uvicorn's graceful shutdown: the listening socket closes, requests
-already received are answered, then the app's shutdown drains the batching queue; the command
-then returns 0. uvicorn re-raises the signal once it is done, and :func:`raise_on_stop` turns that
-into an exception we catch instead of a death by signal. With replicas
+SIGTERM (and Ctrl-C) start uvicorn's graceful shutdown: the listening socket closes, the app
+stops admitting requests (503), the requests it holds are answered until ``--drain-timeout``
+and refused with a 503 after it (:class:`bertforge.serve.protocol.DrainingServer`,
+:mod:`bertforge.serve.admission`); the command then returns 0. uvicorn re-raises the signal
+once it is done, and :func:`raise_on_stop` turns that into an exception we catch instead of a
+death by signal. With replicas
 (:mod:`bertforge.serve.replicas`) the replica processes are stopped last, once the queue is
 drained, whatever ends the server.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 import signal
 import socket
@@ -26,6 +29,9 @@ from bertforge.core.signals import Stopped, raise_on_stop
 from bertforge.serve.execution import set_model_threads, thread_counts
 from bertforge.serve.replicas import ReplicaSpec, load_pipelines, plan_replicas, start_replicas
 from bertforge.serve.settings import SETTING_NAMES, ServeSettings
+from bertforge.serve.startup_checks import generation_warnings
+
+log = logging.getLogger("bertforge.serve")
 
 API_KEY_ENV = "BERTFORGE_API_KEY"
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -61,20 +67,27 @@ def _log_config(level: str) -> dict:
 
 
 _load = load_pipelines  # the in-process loader (tests and tools know it by this name)
+SHUTDOWN_GRACE_S = 2.0
+"""Seconds past the drain timeout uvicorn waits for requests in flight before it cancels them."""
 
 
 def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "info", *,
                    configure_logging: bool = True) -> Any:
     """The uvicorn configuration ``serve`` runs ``app`` with: the guarded h11 protocol (header
-    timeout, JSON 400s; :mod:`bertforge.serve.protocol`), the keep-alive timeout, no WebSocket
-    upgrades and no ``server`` header. ``configure_logging=False`` leaves the process's logging
-    as it is (an application embedding the server configures its own)."""
+    timeout, head limit, lingering closes, JSON 4xx; :mod:`bertforge.serve.protocol`), the
+    keep-alive timeout, no WebSocket upgrades and no ``server`` header. The app answers or
+    refuses what it holds within ``drain_timeout`` of a shutdown; uvicorn cancels whatever is
+    still running :data:`SHUTDOWN_GRACE_S` later (a backstop: nothing should be).
+    ``configure_logging=False`` leaves the process's logging as it is (an application
+    embedding the server configures its own)."""
     import uvicorn
 
     from bertforge.serve.protocol import guarded_protocol
 
-    return uvicorn.Config(app, http=guarded_protocol(settings.header_timeout), ws="none",
+    return uvicorn.Config(app, http=guarded_protocol(settings.header_timeout,
+                                                     settings.body_timeout), ws="none",
                           timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
+                          timeout_graceful_shutdown=settings.drain_timeout + SHUTDOWN_GRACE_S,
                           log_config=_log_config(log_level) if configure_logging else None,
                           log_level=log_level, access_log=log_level == "debug",
                           server_header=False)
@@ -123,10 +136,13 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
       backend; loads the weights a second time, as a feature-extraction pipeline).
     * ``log_level`` (info): critical, error, warning, info or debug; internal errors are logged
       with their traceback at error level.
-    * ``limits``: the batching budget, size limits and timeouts, each a field of
+    * ``limits``: the batching budget, size limits and timeouts, the replicas' deadline and
+      restarts, what clients may see of paths, each a field of
       :class:`~bertforge.serve.settings.ServeSettings` (``max_batch_tokens``,
-      ``max_body_bytes``, ``max_num_beams``, ``header_timeout``, ...), which documents them and
-      their defaults.
+      ``max_body_bytes``, ``max_num_beams``, ``header_timeout``, ``replica_timeout``,
+      ``replica_restarts``, ``expose_paths``, ...), which documents them and their defaults.
+      A summarization model whose saved generation settings exceed these limits is reported
+      at start-up, one warning line per setting.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
@@ -163,7 +179,7 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
                                         settings.model_threads, precision=precision)
         else:
             spec = ReplicaSpec(str(model_dir), task, backend, truncation, embeddings, precision)
-            pool, pipeline, extractor = start_replicas(model_dir, spec, devices)
+            pool, pipeline, extractor = start_replicas(model_dir, spec, devices, settings)
     try:
         return _run(model_dir, pipeline, extractor, settings, backend, embeddings, host, port,
                     log_level, pool, counts)
@@ -177,9 +193,8 @@ def _run(model_dir: Path, pipeline: Any, extractor: Any, settings: ServeSettings
          counts: tuple[int, int] | None) -> int:
     """Bind, build the app and serve it until stopped; the exit code. ``counts``: the thread
     counts each batch picks between (automatic threads), else None."""
-    import uvicorn
-
     from bertforge.serve.app import EMBEDDINGS_PATH, create_app
+    from bertforge.serve.protocol import DrainingServer
 
     unavailable = {}
     if embeddings and extractor is None and pipeline.task != "feature-extraction":
@@ -187,10 +202,12 @@ def _run(model_dir: Path, pipeline: Any, extractor: Any, settings: ServeSettings
             f"embeddings are not served with the {backend} backend (an ONNX export holds the "
             "task's head only); serve the PyTorch model directory with --backend torch for "
             f"{EMBEDDINGS_PATH}")
+    for line in generation_warnings(pipeline, settings):
+        log.warning("%s", line)
     sock = _bind(host, port)
     app = create_app(pipeline, settings, embeddings=extractor, unavailable=unavailable,
                      replicas=pool, thread_counts=counts)
-    server = uvicorn.Server(uvicorn_config(app, settings, log_level))
+    server = DrainingServer(uvicorn_config(app, settings, log_level))
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     copies = f", {pool.size} replicas on {','.join(pool.devices)}" if pool is not None else ""

@@ -8,6 +8,7 @@ enforce them. Plain data: importing it pulls in neither FastAPI nor uvicorn.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from bertforge.errors import ConfigError
@@ -26,6 +27,12 @@ class ServeSettings:
     (a padded batch, as ONNX runs it)."""
     max_batch_items: int = 32
     """Items per model call, and the most items one ``{"inputs": [...]}`` request may hold."""
+    max_queue: int = 0
+    """Request items the server holds at once: admitted and not answered yet (being tokenized,
+    queued or in a model call). A request that does not fit is answered 503 with Retry-After at
+    once, before its text is tokenized. 0: automatic, ``max_batch_tokens // 16`` (512 at the
+    default budget: one token budget's worth of 16-token sentences), at least
+    ``max_batch_items``."""
     max_wait_ms: float = 5.0
     """The most a request waits for others to join its batch; it waits only while more are
     known to be coming (see :mod:`bertforge.serve.batching`), never when it is alone."""
@@ -58,16 +65,48 @@ class ServeSettings:
     """Seconds a client has to send a request's body once its headers came (408 beyond)."""
     keep_alive_timeout: float = 5.0
     """Seconds an idle keep-alive connection stays open between requests."""
+    drain_timeout: float = 20.0
+    """On SIGTERM: seconds the server keeps answering the requests it has already admitted
+    (new ones get a 503); whatever is still unanswered then gets a 503 and the server exits.
+    Under Kubernetes' default grace period of 30 s, with time left to stop."""
+    replica_timeout: float = 0.0
+    """Replicas only: seconds a replica has to answer one batch before it is killed (its
+    requests get a 503) and restarted; 0: automatic, from the batches answered so far
+    (:meth:`bertforge.serve.replicas.ReplicaPool.deadline`)."""
+    replica_restarts: int = 5
+    """Replicas only: how many times each replica that died or missed its deadline is
+    restarted (after 1, 2, 4 ... s, at most a minute) before it is left down; 0: never."""
+    expose_paths: bool = False
+    """Show the model directory's path in ``/info`` and ``/health`` (otherwise only its name:
+    clients without the API key read both)."""
     api_key: str | None = None
     """When set, ``/v1/*`` and ``/metrics`` require it (Bearer or X-API-Key)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name.startswith("max_") and f.name != "max_wait_ms" and value < 1:
+            if isinstance(value, float) and not math.isfinite(value):
+                # inf would disable the limit or the timeout (a drain that never ends), nan every
+                # comparison with it: neither is a setting anyone means
+                raise ConfigError(f"{option(f.name)} must be a finite number (got {value}); for "
+                                  "a very long wait or a very large limit give a large number")
+            if f.name.startswith("max_") and f.name not in ("max_wait_ms", "max_queue") \
+                    and value < 1:
                 raise ConfigError(f"{option(f.name)} must be at least 1 (got {value})")
-            if f.name.endswith("_timeout") and not value > 0:
+            if f.name.endswith("_timeout") and not value > 0 and f.name != "replica_timeout":
                 raise ConfigError(f"{option(f.name)} must be > 0 seconds (got {value})")
+        if not self.replica_timeout >= 0:
+            raise ConfigError(f"--replica-timeout must be >= 0 seconds, 0 for automatic (got "
+                              f"{self.replica_timeout})")
+        if isinstance(self.replica_restarts, bool) or not isinstance(self.replica_restarts, int) \
+                or self.replica_restarts < 0:
+            raise ConfigError(f"--replica-restarts must be a whole number >= 0 (got "
+                              f"{self.replica_restarts!r})")
+        if isinstance(self.max_queue, bool) or not isinstance(self.max_queue, int) \
+                or self.max_queue < 0 or 0 < self.max_queue < self.max_batch_items:
+            raise ConfigError(f"--max-queue must be 0 (automatic) or a whole number at least "
+                              f"--max-batch-items ({self.max_batch_items}), so that a request "
+                              f"of that many items fits (got {self.max_queue!r})")
         if self.max_wait_ms < 0:
             raise ConfigError(f"--max-wait-ms must be >= 0 (got {self.max_wait_ms})")
         if isinstance(self.model_threads, bool) or not isinstance(self.model_threads, int) \
@@ -77,10 +116,15 @@ class ServeSettings:
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key is empty; pass a non-empty key or leave it unset")
 
+    @property
+    def queue_limit(self) -> int:
+        """``max_queue``, or the automatic one when it is 0 (see the field)."""
+        return self.max_queue or max(self.max_batch_items, self.max_batch_tokens // 16)
+
     def limits(self) -> dict[str, float]:
-        """Every setting but the API key, for ``/health``."""
+        """Every setting but the API key, for ``/health`` (``max_queue`` as it applies)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "api_key"}
+                if f.name != "api_key"} | {"max_queue": self.queue_limit}
 
 
 def option(name: str) -> str:

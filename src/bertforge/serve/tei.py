@@ -16,24 +16,30 @@ on the served model (``GET /info`` says which, under ``rerank``):
 ``POST /tokenize`` ``{"inputs": str | [str], "add_special_tokens"?: true}`` -> per input a list
 of ``{"id", "text", "special", "start", "stop"}``: ``start``/``stop`` are character offsets in
 the input (TEI's are bytes; the same for ASCII), null for special tokens, whose ``text`` is the
-token itself.
+token itself. One request answers at most ``--max-batch-tokens`` tokens in all (a 413 naming
+the text that goes past them): about 60 bytes of JSON a token, so a megabyte of text would
+otherwise ask for some 30 MB of answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Mapping
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from bertforge.inference.pipelines import Pipeline
-from bertforge.serve.answering import answer_items
+from bertforge.serve.answering import answer_items, answer_request
 from bertforge.serve.batching import BatcherClosed, DynamicBatcher
-from bertforge.serve.embeddings import (EmbeddingApi, check_direction, check_fields, flag,
+from bertforge.serve.disclosure import PathFilter, model_name
+from bertforge.serve.embeddings import (EmbeddingApi, check_direction, check_fields, flag, got,
                                         item_options, texts_field)
-from bertforge.serve.limits import ApiError, parse_json, read_body
+from bertforge.serve.limits import ApiError, shutting_down
 from bertforge.serve.settings import ServeSettings
+from bertforge.tasks.registry import get_task
+from bertforge.tokenization.prefix import FIRST_CHARS_PER_TOKEN, GROWTH, text_prefix
 
 RERANK_FIELDS = ("query", "texts", "raw_scores", "return_text", "truncate",
                  "truncation_direction")
@@ -89,13 +95,12 @@ class TeiApi:
         check_direction(body)
         query = body.get("query")
         if not isinstance(query, str) or not query.strip():
-            raise ApiError(422, "query is required: a non-empty string", "query")
+            what = "" if query is None else f", got {got(query)}"
+            raise ApiError(422, f"query is required: a non-empty string{what}", "query")
         if len(query) > self.settings.max_text_chars:
             raise ApiError(413, f"query is {len(query)} characters; the limit is "
                                 f"{self.settings.max_text_chars} (--max-text-chars)", "query")
-        if body.get("texts") is not None and not isinstance(body["texts"], list):
-            raise ApiError(422, "texts must be a list of strings", "texts")
-        texts, _ = texts_field(body, "texts", self.settings)
+        texts, _ = texts_field(body, "texts", self.settings, single=False)
         raw, with_text = flag(body, "raw_scores", False), flag(body, "return_text", False)
         if self.mode == "cross-encoder":
             scores = await self._cross_scores(query, texts, flag(body, "truncate", None), raw)
@@ -113,8 +118,10 @@ class TeiApi:
                             truncate: bool | None, raw: bool) -> list[float]:
         cut = {} if truncate is None else {"truncate": truncate}
         items = [(name, {"text": query, "text_pair": text, **cut}) for name, text in texts]
+        # The pipeline's pair is (text, text_pair); the client sent (query, texts[i]).
         results, _ = await answer_items(self.pipeline, self.batcher, items, self.settings, True,
-                                        route="/rerank", whole=("text", "text_pair"))
+                                        route="/rerank", names={"text": "query",
+                                                                "text_pair": None})
         if self.label is None:  # one output: its logit
             return [r["score"] if raw else _sigmoid(r["score"]) for r in results]
         scores = []
@@ -135,16 +142,23 @@ class TeiApi:
         return [float(sum(a * b for a, b in zip(first, v))) for v in vectors[1:]]
 
     async def tokenize(self, body: Any) -> list[list[dict]]:
+        """The tokens of every text, at most ``max_batch_tokens`` of them in all (413 beyond,
+        found by tokenizing no more than that many: :func:`_tokens`); each text is its own
+        turn on the parsing thread, as the items of the model routes are."""
         body = check_fields(body, TOKENIZE_FIELDS)
         texts, _ = texts_field(body, "inputs", self.settings)
         special = flag(body, "add_special_tokens", True)
-        tokenizer = self.pipeline.tokenizer
-        try:
-            return await self.batcher.parse(_tokens, tokenizer, [t for _, t in texts],
-                                            special)
-        except BatcherClosed:
-            raise ApiError(503, "the server is shutting down; retry on another "
-                                "instance") from None
+        tokenizer, budget = self.pipeline.tokenizer, self.settings.max_batch_tokens
+        admission = self.batcher.admission
+        out: list[list[dict]] = []
+        with admission.hold(len(texts)) if admission is not None else contextlib.nullcontext():
+            for name, text in texts:
+                try:
+                    out.append(await self.batcher.parse(_tokens, tokenizer, name, text, special,
+                                                        budget - sum(map(len, out)), budget))
+                except BatcherClosed:
+                    raise shutting_down() from None
+        return out
 
     def info(self, endpoints: list[str]) -> dict:
         """TEI's ``/info`` fields plus bertforge's: what is served and how."""
@@ -155,7 +169,8 @@ class TeiApi:
                      else {})
         model_path = str(described.get("model", ""))
         return {
-            "model_id": model_path.rstrip("/").rsplit("/", 1)[-1], "model_path": model_path,
+            "model_id": model_name(model_path),
+            "model_path": model_path if self.settings.expose_paths else None,
             "model_sha": None, "model_dtype": described.get("precision"),
             "model_type": self._model_type(described, extractor),
             "task": described.get("task"), "pooling": extractor.get("pooling"),
@@ -171,25 +186,32 @@ class TeiApi:
             "endpoints": endpoints}
 
     def _model_type(self, described: Mapping[str, Any], extractor: Mapping[str, Any]) -> dict:
-        """TEI's ``model_type``: a reranker, another classifier, or an embedder."""
-        if described.get("task") == "text-classification":
+        """TEI's ``model_type`` of the served task, as the task registry names it (whatever the
+        backend, and whatever else the server offers): a reranker or another classifier, an
+        embedder, or the task itself where TEI has no kind for it (``{"fill-mask": {}}``)."""
+        spec = get_task(str(described.get("task")))
+        kind = (spec.serving.tei_kind if spec.serving is not None else None) or spec.name
+        if kind == "classifier":
             labels = described.get("labels") or ["LABEL_0"]
             kind = "reranker" if self.mode == "cross-encoder" else "classifier"
             return {kind: {"id2label": {str(i): n for i, n in enumerate(labels)},
                            "label2id": {n: i for i, n in enumerate(labels)}}}
-        return {"embedding": {"pooling": extractor.get("pooling")}}
+        if kind == "embedding":
+            return {kind: {"pooling": extractor.get("pooling", described.get("pooling"))}}
+        return {kind: {}}
 
 
-def add_tei_routes(app: FastAPI, api: TeiApi, protect: list, embed_unavailable: str | None) -> None:
+def add_tei_routes(app: FastAPI, api: TeiApi, protect: list, embed_unavailable: str | None,
+                   paths: PathFilter) -> None:
     """Register ``POST /embed``, ``/rerank``, ``/tokenize`` (behind the API key) and ``GET
-    /info`` (open, like /health) on ``app``. Without served embeddings ``/embed`` answers a
-    JSON 404 saying why (``embed_unavailable``, else --no-embeddings)."""
+    /info`` (open, like /health, its body passed through ``paths``) on ``app``. Without served
+    embeddings ``/embed`` answers a JSON 404 saying why (``embed_unavailable``, else
+    --no-embeddings)."""
     settings = api.settings
 
     def route(answer: Any) -> Any:
-        async def handle(request: Request) -> JSONResponse:
-            body = parse_json(await read_body(request, settings), settings)
-            return JSONResponse(await answer(body))
+        async def handle(request: Request) -> Response:
+            return await answer_request(request, settings, api.batcher.admission, answer)
         return handle
 
     async def no_embed(request: Request) -> None:
@@ -208,30 +230,41 @@ def add_tei_routes(app: FastAPI, api: TeiApi, protect: list, embed_unavailable: 
 
     @app.get("/info", summary="TEI: the served model and the server's batching settings")
     async def info() -> dict:
-        return api.info(sorted({r.path for r in app.routes if "POST" in getattr(
-            r, "methods", ()) and r.path.startswith(("/v1/", "/embed", "/rerank", "/tok"))}))
+        return paths.public(api.info(sorted({r.path for r in app.routes if "POST" in getattr(
+            r, "methods", ()) and r.path.startswith(("/v1/", "/embed", "/rerank", "/tok"))})))
 
 
 def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
-def _tokens(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict]]:
-    """TEI's token list of each text (see the module notes)."""
-    out = []
-    for text in texts:
-        encoding = tokenizer.backend.encode(text, add_special_tokens=special)
-        tokens = []
-        for token_id, token, (start, stop), is_special in zip(
-                encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask):
-            if is_special:
-                tokens.append({"id": token_id, "text": token, "special": True, "start": None,
-                               "stop": None})
-            else:
-                tokens.append({"id": token_id, "text": text[start:stop], "special": False,
-                               "start": start, "stop": stop})
-        out.append(tokens)
-    return out
+def _tokens(tokenizer: Any, name: str, text: str, special: bool, left: int,
+            budget: int) -> list[dict]:
+    """TEI's token list of ``text`` (see the module notes); a 413 naming ``name`` when it
+    takes the request past ``left`` of its ``budget`` tokens, found on a prefix of the text
+    (:func:`~bertforge.tokenization.prefix.text_prefix`): the answer, about 60 bytes a token,
+    and the work are bounded by the budget, not by the text."""
+    chars = max(left, 1) * FIRST_CHARS_PER_TOKEN
+    while True:
+        part = text_prefix(text, chars)
+        encoding = tokenizer.backend.encode(part, add_special_tokens=special)
+        if len(encoding.ids) > left:
+            raise ApiError(413, f"{name} takes this request past {budget} tokens, the most one "
+                                "/tokenize request answers (--max-batch-tokens); send less text "
+                                "per request", name)
+        if len(part) == len(text):
+            break
+        chars *= GROWTH
+    tokens = []
+    for token_id, token, (start, stop), is_special in zip(
+            encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask):
+        if is_special:
+            tokens.append({"id": token_id, "text": token, "special": True, "start": None,
+                           "stop": None})
+        else:
+            tokens.append({"id": token_id, "text": text[start:stop], "special": False,
+                           "start": start, "stop": stop})
+    return tokens
 
 
 __all__ = ["TeiApi", "add_tei_routes", "pair_label", "rerank_mode"]
