@@ -26,6 +26,7 @@ import typing
 from typing import Any, Sequence
 
 from bertforge.commands import COMMANDS, Command
+from bertforge.core.numbers import ascii_int
 from bertforge.core.schema import (REQUIRED, closest_key, config_keys, default_of, describe,
                                    deprecation_note, flag, load_config, section_type)
 from bertforge.core.signals import Stopped, raise_on_stop
@@ -53,9 +54,13 @@ class _Renamed(argparse.Action):
 
 
 def _number(kind: type, minimum: float | None) -> Any:
-    """argparse type of an int/float option with an optional lower bound."""
+    """argparse type of an int/float option with an optional lower bound. Whole numbers are
+    ASCII digits (``int`` alone would read "３" or "1_000")."""
     def parse(text: str) -> Any:
-        value = kind(text)
+        value = kind(text) if kind is not int else ascii_int(text, negative=True)
+        if value is None:
+            raise argparse.ArgumentTypeError("must be a whole number written with the digits "
+                                             f"0-9, got {text}")
         if minimum is not None and value < minimum:
             what = "a whole number" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"must be {what} >= {minimum:g}, got {text}")
@@ -357,8 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # permissions, a full disk, a vanished file: not a bug of ours
         print(f"error: {os_error_text(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # the train loop's says what was kept
+        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return 130
     except Stopped as exc:  # the command printed what it kept; say why it ended
         print(f"stopped by {exc.signal_name}", file=sys.stderr)

@@ -18,8 +18,8 @@ from typing import Any, ClassVar, List, Optional, Union
 from bertforge.core import limits
 from bertforge.core.limits import (ATTENTION_BACKENDS, MIN_SEQUENCE_TOKENS, MIN_TARGET_TOKENS,
                                    OPTIMIZERS, PRECISIONS, SCHEDULES, check_choice)
-from bertforge.core.schema import (check_fields, describe, load_config, opt, run_defining_keys,
-                                   save_config, to_dict)
+from bertforge.core.schema import (check_fields, describe, load_config, opt, refuse_blank_fields,
+                                   run_defining_keys, save_config, to_dict)
 from bertforge.errors import ConfigError
 
 __all__ = ["FinetuneConfig", "GenerationOptions", "NoiseConfig", "PretrainConfig", "RunConfig",
@@ -229,6 +229,7 @@ class RunConfig:
     benchmark: BenchmarkConfig = opt(help="Settings of --benchmark mode.", factory=BenchmarkConfig)
 
     def __post_init__(self) -> None:
+        refuse_blank_fields(self)
         check_choice(self.precision, "precision", PRECISIONS, ConfigError)
         backend = getattr(self.train, "attention_backend", None)
         if backend in limits.FUSED_ATTENTION_BACKENDS and self.precision == "fp32":

@@ -34,13 +34,16 @@ class GenerateConfig(GenerationOptions):
 
 
 def run_generate(cfg: GenerateConfig) -> int:
+    from bertforge.core.io import output_lock
     from bertforge.inference.generate import generate_file
 
-    out = generate_file(Path(cfg.model), Path(cfg.input), Path(cfg.output),
-                        overrides=cfg.generation_overrides(), batch_size=cfg.batch_size,
-                        device=cfg.device, text_field=cfg.text_field,
-                        max_source_length=cfg.max_source_length)
-    save_config(cfg, beside(out))
+    # One writer at a time for the output file and its config.yaml, as for a run's directory.
+    with output_lock(Path(cfg.output), "--output", "bertforge generate", beside=True):
+        out = generate_file(Path(cfg.model), Path(cfg.input), Path(cfg.output),
+                            overrides=cfg.generation_overrides(), batch_size=cfg.batch_size,
+                            device=cfg.device, text_field=cfg.text_field,
+                            max_source_length=cfg.max_source_length)
+        save_config(cfg, beside(out))
     print(f"wrote {out}")
     return 0
 

@@ -89,11 +89,15 @@ class PredictConfig(GenerationOptions):
 
 def run_predict(cfg: PredictConfig) -> int:
     if cfg.mode is None:
+        from bertforge.core.io import output_lock
         from bertforge.inference.predict import predict_file
 
-        out = predict_file(Path(cfg.model), Path(cfg.data), Path(cfg.output),
-                           cfg.finetune_overrides, values={"eval": cfg.generation_overrides()})
-        save_config(cfg, beside(out))
+        # Two commands writing one file would each publish their own: one writer at a time,
+        # as for a run's directory (the predictions and their config.yaml both).
+        with output_lock(Path(cfg.output), "--output", "bertforge predict", beside=True):
+            out = predict_file(Path(cfg.model), Path(cfg.data), Path(cfg.output),
+                               cfg.finetune_overrides, values={"eval": cfg.generation_overrides()})
+            save_config(cfg, beside(out))
         print(f"wrote predictions to {out}")
         return 0
     from bertforge.inference.interactive import run_predict as answer

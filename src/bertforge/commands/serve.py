@@ -44,6 +44,10 @@ class ServeConfig:
                              "its batch.", minimum=0)
     max_batch_items: int = opt(_LIMITS.max_batch_items, "Items per model call and per "
                                "{\"inputs\": [...]} request (413 beyond).", minimum=1)
+    max_queue: int = opt(_LIMITS.max_queue, "Request items held at once (being tokenized, "
+                         "queued or computed); beyond it a request gets 503 with Retry-After "
+                         "at once (0: automatic, --max-batch-tokens / 16, at least "
+                         "--max-batch-items).", minimum=0)
     model_threads: int = opt(_LIMITS.model_threads, "CPU threads of one forward pass (0: "
                              "OMP_NUM_THREADS when set, else chosen per batch size between "
                              "every core but one, which leaves a core to HTTP and tokenization, "
@@ -70,6 +74,19 @@ class ServeConfig:
                               "body once its headers came (408 beyond).")
     keep_alive_timeout: float = opt(_LIMITS.keep_alive_timeout, "Seconds an idle keep-alive "
                                     "connection stays open.")
+    drain_timeout: float = opt(_LIMITS.drain_timeout, "On SIGTERM: seconds to keep answering "
+                               "the requests already admitted (new ones get 503); then the "
+                               "rest get 503 and the server exits.")
+    replica_timeout: float = opt(_LIMITS.replica_timeout, "With --replicas: seconds a replica "
+                                 "has to answer a batch before it is killed (503 for its "
+                                 "requests) and restarted; 0: automatic, 10x the slowest "
+                                 "seconds per token measured times the batch's tokens, at least "
+                                 "60 (600 until measured).", minimum=0)
+    replica_restarts: int = opt(_LIMITS.replica_restarts, "With --replicas: how many times each "
+                                "replica that died or missed its deadline is restarted (back-off "
+                                "1, 2, 4... s) before it is left down.", minimum=0)
+    expose_paths: bool = opt(_LIMITS.expose_paths, "Show the model directory's path in /info and "
+                             "/health (open without the API key); by default only its name.")
     truncation: Optional[str] = opt(None, "Inputs over the model's length: 422 (error) or cut "
                                     "and flagged (truncate); default: the task's (error; QA "
                                     "windows, summaries cut).", choices=("error", "truncate"))

@@ -10,15 +10,17 @@ from typing import List, Optional
 
 from bertforge.commands.base import Command
 from bertforge.config import FinetuneConfig, PretrainConfig
+from bertforge.core.numbers import ascii_int
 from bertforge.core.schema import opt
 
 
 def seed_list(text: str) -> list[int]:
     """``1,2,3`` -> [1, 2, 3] (the ``--seeds`` flag)."""
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text}")
+    parsed = [ascii_int(s, negative=True) for s in text.split(",") if s.strip()]
+    if None in parsed:
+        raise argparse.ArgumentTypeError("expected comma-separated whole numbers written with "
+                                         f"the digits 0-9, got {text}")
+    seeds = [s for s in parsed if s is not None]
     if not seeds or min(seeds) < 0:
         raise argparse.ArgumentTypeError(f"expected seeds >= 0, got {text}")
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})

@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from bertforge.core.arguments import checked
 from bertforge.config import FinetuneConfig, save_config
 from bertforge.core.io import write_json_atomic
 from bertforge.errors import ConfigError
@@ -35,6 +36,7 @@ def build_task(cfg: FinetuneConfig, info: DistInfo, labelled: bool = True) -> Fi
     return spec.trainer.load()(cfg, info, spec, source, labelled)
 
 
+@checked
 def finetune(cfg: FinetuneConfig) -> RunResult:
     """Fine-tune (or, without ``data.train``, only evaluate) as ``cfg`` says; docs/finetuning.md."""
     with distributed_run(cfg, "finetune") as info:
@@ -62,6 +64,10 @@ def finetune_seeds(cfg: FinetuneConfig, seeds: Sequence[int]) -> dict:
         one = dataclasses.replace(cfg, output_dir=str(root / f"seed-{seed}"),
                                   train=dataclasses.replace(cfg.train, seed=seed))
         result = finetune(one)
+        if result.preempted:  # a stop request ends the command, not only this seed's run
+            print(f"seeds: stopped during seed {seed} (its checkpoint is in {one.output_dir}); "
+                  "no median is reported: run the same command to continue")
+            return {"seeds": [int(s) for s in seeds], "runs": runs, "stopped_at_seed": int(seed)}
         runs[str(seed)] = dict(result.validation)
     names = [k for k in next(iter(runs.values()), {}) if all(  # undefined in a run: no median
         isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for r in runs.values())]

@@ -39,7 +39,7 @@ from bertforge.core.limits import length_within
 from bertforge.data.batch import Batch, LossOutput, real_tokens, to_device
 from bertforge.data.collate.sequences import SEQUENCE_KEYS, SequenceFeatures
 from bertforge.data.loader import PretrainingLoader
-from bertforge.errors import ConfigError, DataError
+from bertforge.errors import ConfigError, DataError, in_context
 from bertforge.models.loading import ModelSource, open_model
 from bertforge.ops.linear import cast_linears
 from bertforge.tasks.base import steps_for_epochs
@@ -146,10 +146,8 @@ def read_tokenizer(model: str | Path) -> Any:
     """The tokenizer saved in the model directory (WordPiece for BERT, byte-level BPE for BART)."""
     try:
         return load_tokenizer(Path(model))
-    except DataError as exc:
-        raise ConfigError(f"model={model}: {exc}; fine-tuning needs the model's tokenizer files "
-                          "(vocab.txt, tokenizer.json or vocab.json + merges.txt) in its "
-                          "directory") from None
+    except DataError as exc:  # it names the files it expected
+        raise ConfigError(in_context(f"model={model}", exc, str(model))) from None
 
 
 def require_weights(source: ModelSource) -> ModelSource:

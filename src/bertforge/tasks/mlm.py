@@ -81,6 +81,29 @@ class PretrainTask(CorpusTask):
                               f"at {self.cfg.data.path} is not denoising data; prepare it with "
                               "`bertforge prepare --objective denoise` (and a BPE vocabulary), "
                               "or choose a BERT model")
+        objective = self.prepared.objective
+        if objective not in ("nsp", "sop"):
+            return
+        # Sentence-pair data trains a pair head (NSP/SOP) beside the masked LM: the model must
+        # have one, and a checkpoint that is continued must hold its weights.
+        if "pretraining" not in source.family.heads:
+            lacks = f"{source.family.name} models have no {objective.upper()} head"
+        elif source.directory is not None and source.head not in (None, "pretraining"):
+            lacks = (f"{source.directory} is a {'/'.join(source.config.architectures or ())} "
+                     f"checkpoint, without an {objective.upper()} head")
+        else:
+            return
+        raise ConfigError(f"{lacks}; {self.missing_head_remedy()}")
+
+    def missing_head_remedy(self) -> str | None:
+        """For sentence-pair data: prepare it for the masked LM alone, or take a pair head."""
+        objective = self.prepared.objective
+        if objective not in ("nsp", "sop"):
+            return None
+        return (f"the data at {self.cfg.data.path} was prepared as sentence pairs for "
+                f"{objective.upper()} (--objective {objective}): prepare it again for the "
+                "masked LM alone with `bertforge prepare --objective none` (same inputs and "
+                "vocabulary), or start from a model with the pair head (BertForPreTraining)")
 
     def fresh_config(self) -> dict[str, Any]:
         """Vocabulary size, casing and special ids of the prepared data (those it records; the

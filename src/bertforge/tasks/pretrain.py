@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bertforge.core.arguments import checked
 from bertforge.config import PretrainConfig
 from bertforge.tasks.mlm import PretrainTask, pretraining_loss
 from bertforge.tasks.registry import task_of_objective
@@ -22,6 +23,7 @@ def pretraining_task(cfg: PretrainConfig, info: DistInfo) -> Any:
     return spec.trainer.load()(cfg, info, spec, prepared)
 
 
+@checked
 def pretrain(cfg: PretrainConfig) -> RunResult:
     """Run pretraining as ``cfg`` says; see docs/pretraining.md and docs/bart.md."""
     with distributed_run(cfg, "pretrain") as info:

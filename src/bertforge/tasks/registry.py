@@ -63,6 +63,9 @@ class Serving:
     """POST path of the task's endpoint."""
     form: str = "text"
     """The page's form: "question-context" (two boxes) or "text"."""
+    tei_kind: str | None = None
+    """The ``model_type`` text-embeddings-inference's ``/info`` gives a model of this task
+    ("embedding", "classifier"); None where TEI has none: ``/info`` then names the task."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ TASKS: tuple[TaskSpec, ...] = (
         primary_metric="accuracy",
         pipeline=Ref("bertforge.inference.pipelines.encoders", "TextClassificationPipeline"),
         predict_mode="classify",
-        serving=Serving("/v1/text-classification"),
+        serving=Serving("/v1/text-classification", tei_kind="classifier"),
         export=Export(_bert_output("ClassifierOutput"), (("logits", ("num_labels",)),)),
         finetuned_as=("classification", "glue/")),
     TaskSpec(
@@ -183,7 +186,7 @@ TASKS: tuple[TaskSpec, ...] = (
         name="feature-extraction", summary="a vector per text (mean or first-token pooling)",
         head="base", seq2seq=None, aliases=("embed", "embeddings"),
         pipeline=Ref("bertforge.inference.pipelines.encoders", "FeatureExtractionPipeline"),
-        predict_mode="embed", serving=Serving("/v1/embeddings"),
+        predict_mode="embed", serving=Serving("/v1/embeddings", tei_kind="embedding"),
         export=Export(Ref("bertforge.models.bert", "BertModelOutput"),
                       (("last_hidden_state", (SEQUENCE, "hidden_size")),
                        ("pooler_output", ("hidden_size",))))),

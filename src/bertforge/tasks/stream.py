@@ -81,10 +81,11 @@ def check_data_vocab(source: ModelSource, data: PretrainData, cfg: PretrainConfi
 
 
 def starting_model(source: ModelSource, head: str, cfg: PretrainConfig, data: PretrainData,
-                   device: torch.device) -> nn.Module:
+                   device: torch.device, missing_head: str | None = None) -> nn.Module:
     """The ``head`` model of ``source`` with its (finite) weights, or fresh from ``train.seed``
     for a preset, on ``device``; refuses data longer than the model's positions and a model
-    that cannot fit in the device's memory."""
+    that cannot fit in the device's memory. ``missing_head``: what to do when the files lack
+    the head."""
     config = source.config
     positions = config.max_position_embeddings
     if data.max_seq_length and data.max_seq_length > positions:
@@ -93,7 +94,8 @@ def starting_model(source: ModelSource, head: str, cfg: PretrainConfig, data: Pr
             f"the model has {positions} positions; prepare with --max-seq-length {positions} or "
             f"use a model with more positions")
     return load_for_training(source, head, device, seed=cfg.train.seed,
-                             checkpoint=source.directory, fallback=RESTART)
+                             checkpoint=source.directory, fallback=RESTART,
+                             missing_head=missing_head)
 
 
 class CorpusTask(ABC):
@@ -112,6 +114,7 @@ class CorpusTask(ABC):
                  prepared: PreparedData) -> None:
         # ``spec``: the task's record (``bertforge.tasks.registry``), given by the command.
         self.cfg, self.info, self.spec = cfg, info, spec
+        self.prepared = prepared
         # A resumed run has the same model (a run-defining key), so its config says the same.
         self.source = weights_source(cfg, None)
         self.check_model(self.source)
@@ -139,6 +142,10 @@ class CorpusTask(ABC):
         """The head kind of the model trained (the record's)."""
         return self.spec.head
 
+    def missing_head_remedy(self) -> str | None:
+        """What to do when the starting checkpoint lacks the head (None: the loader's advice)."""
+        return None
+
     @abstractmethod
     def fresh_config(self) -> dict[str, Any]:
         """Config fields a fresh model takes from the data (vocabulary size, special ids)."""
@@ -162,7 +169,8 @@ class CorpusTask(ABC):
             if resume_from is None:
                 verify_model_files(source.directory)
             check_data_vocab(source, self.data, self.cfg)
-        return starting_model(source, self.model_head(), self.cfg, self.data, self.info.device)
+        return starting_model(source, self.model_head(), self.cfg, self.data, self.info.device,
+                              self.missing_head_remedy())
 
     def evaluate(self, model: nn.Module, autocast: Callable[[], ContextManager]) -> dict:
         return evaluate_stream(model, self.data, self.info, self.cfg.train.eval_batches,

@@ -1,8 +1,10 @@
 """Token classification (NER, POS, chunking) on CoNLL-style or JSON Lines files.
 
 Words are split into sub-tokens; each word's tag is trained and predicted on its first
-sub-token (the others carry IGNORE_INDEX), as BERT's paper did for CoNLL-2003. A sentence longer
-than ``data.max_seq_length`` tokens is cut (with one warning and a count); its cut words are
+sub-token (the others carry IGNORE_INDEX), as BERT's paper did for CoNLL-2003. Which token is a
+word's first is what the tokenizer's word ids say (``Window.word_spans``), so a word it keeps
+nothing of is predicted "O" and moves no other word's tag. A sentence longer than
+``data.max_seq_length`` tokens is cut (with one warning and a count); its cut words are
 predicted "O". Scores are entity-level precision/recall/F1 with seqeval's definition.
 """
 
@@ -52,16 +54,18 @@ class TokenClassificationTask(EncoderTask):
         n, s = len(windows), self.max_seq_length
         arrays = self.tokenizer.pad_windows(windows, s)
         labels = np.full((n, s), IGNORE_INDEX, dtype=np.int64)
-        starts: list[np.ndarray] = []  # per example: first sub-token position of each kept word
+        starts: list[np.ndarray] = []  # per example and word: its first sub-token, -1: none
         cut = 0
         for i, (ex, w) in enumerate(zip(examples, windows)):
-            first = [t for t, word in enumerate(w.word_ids)
-                     if word is not None and (t == 0 or w.word_ids[t - 1] != word)]
-            starts.append(np.asarray(first, dtype=np.int64))
-            cut += len(first) < len(ex.tokens)
+            # By word id: a word the tokenizer keeps nothing of has no position, and the
+            # words after it keep their own.
+            first = {word: lo for word, (lo, _) in w.word_spans().items()}
+            starts.append(np.array([first.get(k, -1) for k in range(len(ex.tokens))],
+                                   dtype=np.int64))
+            cut += len(w.ids) >= s and max(first, default=-1) + 1 < len(ex.tokens)
             if ex.tags is not None and (training or self.labelled):
-                labels[i, first] = [self.labels.id(tag, ex.source)
-                                    for tag in ex.tags[:len(first)]]
+                for word, position in first.items():
+                    labels[i, position] = self.labels.id(ex.tags[word], ex.source)
         if cut:
             log.warning("%d of %d sentences are longer than data.max_seq_length=%d tokens; "
                         "their last words are %s", cut, n, s,
@@ -83,10 +87,9 @@ class TokenClassificationTask(EncoderTask):
     def predicted_tags(self, outputs: dict[str, np.ndarray]) -> list[list[str]]:
         tags = outputs["tags"].astype(np.int64)
         out = []
-        for ex, row, first in zip(self.examples.evaluation, tags,
-                                  self.features.evaluation.alignment):
-            words = [self.labels.name(int(t)) for t in row[first]]
-            out.append(words + ["O"] * (len(ex.tokens) - len(words)))
+        for row, first in zip(tags, self.features.evaluation.alignment):
+            # A word without a sub-token (dropped by the tokenizer, or cut off) is "O".
+            out.append([self.labels.name(int(row[t])) if t >= 0 else "O" for t in first])
         return out
 
     def score(self, outputs: dict[str, np.ndarray]) -> dict:

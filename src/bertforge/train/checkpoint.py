@@ -56,15 +56,18 @@ import numpy as np
 import torch
 
 import bertforge
+from bertforge.core.jsonfile import read_json
+from bertforge.models.hub import unpickler_detail
 from bertforge.errors import CheckpointError, RunError
 from bertforge.core.io import fsync_dir, fsync_file, write_checksums, write_text_atomic
 
 COMPLETE = "COMPLETE"
 TRAINING_STATE = "training_state"
 TMP_PREFIX = ".tmp-"
-_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
-_RNG_RE = re.compile(r"^rng_rank(\d+)\.pt$")
-_DATA_RE = re.compile(r"^data_rank(\d+)\.json$")
+# Numbers in file names are ASCII digits: \d would also match "٣" (and int() read it as 3).
+_CKPT_RE = re.compile(r"^checkpoint-([0-9]+)$")
+_RNG_RE = re.compile(r"^rng_rank([0-9]+)\.pt$")
+_DATA_RE = re.compile(r"^data_rank([0-9]+)\.json$")
 SHARDED_OPTIMIZER = "optimizer_sharded"  # directory in training_state/ of an FSDP run
 FORMAT_VERSION = 2  # 2: checksums.sha256 and meta["files"]
 
@@ -376,7 +379,8 @@ def _load_pt(path: Path, map_location: Any) -> Any:
         return torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
         # torch's own message is long and suggests weights_only=False, which we never do.
-        why = ("not a weights-only torch file" if isinstance(exc, pickle.UnpicklingError)
+        why = (f"refused by torch's weights-only loader: {unpickler_detail(exc)}"
+               if isinstance(exc, pickle.UnpicklingError)
                else str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__)
         raise CheckpointError(f"{path}: cannot be read ({why}); the checkpoint is damaged or "
                               "not from bertforge. Resume from an older checkpoint or with "
@@ -384,11 +388,8 @@ def _load_pt(path: Path, map_location: Any) -> Any:
 
 
 def load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as JSON ({exc}); the checkpoint is "
-                              "damaged. Resume from an older checkpoint or with resume=none.") from exc
+    return read_json(path, error=CheckpointError, hint="the checkpoint is damaged; resume from "
+                     "an older checkpoint or with resume=none")
 
 
 def load_training_state(directory: str | os.PathLike, map_location: Any = "cpu") -> TrainingState:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bertforge.config import PretrainConfig
+from bertforge.core.limits import setting_changed
 from bertforge.data import native
 from bertforge.data.loader import PretrainingLoader
 from bertforge.data.open import open_pretraining_dataset
@@ -49,7 +50,7 @@ def read_prepared(cfg: PretrainConfig) -> PreparedData:
     if "tokenizer" in manifest:
         from bertforge.tokenization import load_tokenizer
 
-        tokenizer = load_tokenizer(path / manifest["tokenizer"])
+        tokenizer = load_tokenizer(native.manifest_tokenizer(path, manifest))
     return PreparedData(path, manifest, tokenizer)
 
 
@@ -169,6 +170,10 @@ def open_pretrain_data(cfg: PretrainConfig, info: DistInfo, prepared: PreparedDa
         # Validation needs no accumulation: one micro-batch per rank per step, smaller if the
         # held-out split is small.
         micro = min(cfg.train.micro_batch_size, len(val_set) // info.world_size)
+        if 1 <= micro < cfg.train.micro_batch_size:
+            setting_changed("train.micro_batch_size (validation)", cfg.train.micro_batch_size,
+                            micro, f"the validation split holds {len(val_set)} sequences "
+                            f"for {info.world_size} rank(s)")
         if micro >= 1:
             maker = {} if make_batch is None else {"make_batch": make_batch(val_set, tokenizer)}
             validation = PretrainingLoader(val_set, **{

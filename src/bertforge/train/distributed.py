@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bertforge.core.numbers import ascii_int
 from bertforge.errors import CollectiveTimeout, ConfigError, RunError, UserError
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,11 @@ def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number (torchrun or srun sets it; "
-                          "unset it to run one process)") from None
+    value = ascii_int(raw, negative=True)
+    if value is None:
+        raise ConfigError(f"{name}={raw!r} is not a whole number written with the digits 0-9 "
+                          "(torchrun or srun sets it; unset it to run one process)")
+    return value
 
 
 def _detect_launch() -> tuple[str, int, int, int]:

@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from bertforge.errors import CheckpointError, ConfigError
-from bertforge.models.checks import count_nonfinite, nonfinite_summary
+from bertforge.models.checks import costliest_key, count_nonfinite, model_bytes, nonfinite_summary
 from bertforge.models.loading import ModelSource, load_model
 from bertforge.tokenization import read_vocab_tokens, vocab_hash
 from bertforge.train.resume import previous_checkpoint
@@ -62,16 +62,18 @@ def nonfinite_remedy(checkpoint: Path | None, fallback: str) -> str:
 
 
 def load_for_training(source: ModelSource, head: str, device: torch.device, *, seed: int,
-                      checkpoint: Path | None, fallback: str,
-                      new_heads: bool = False) -> torch.nn.Module:
+                      checkpoint: Path | None, fallback: str, new_heads: bool = False,
+                      missing_head: str | None = None) -> torch.nn.Module:
     """The ``head`` model of ``source`` (``load_model``) on ``device`` in train mode, after
     checking the device can hold its training state; running out of memory while loading is a
-    ConfigError, and non-finite weights point at ``nonfinite_remedy(checkpoint, fallback)``."""
+    ConfigError, and non-finite weights point at ``nonfinite_remedy(checkpoint, fallback)``;
+    ``missing_head``: what to do when the files lack the head (``load_model``)."""
     name = str(source.directory or source.name)
-    check_model_fits(source.config, device, name)
+    check_model_fits(source.config, device, name, source.config_name)
     with explain_oom(source.config, device, name):
         model = load_model(source, head, device=device, new_heads=new_heads, seed=seed,
-                           nonfinite_remedy=nonfinite_remedy(checkpoint, fallback))
+                           nonfinite_remedy=nonfinite_remedy(checkpoint, fallback),
+                           missing_head=missing_head)
     return model.train()
 
 
@@ -115,17 +117,22 @@ def _shape(config) -> str:
     return config.shape_summary()
 
 
-def check_model_fits(config, device: torch.device, model: str) -> None:
-    """ConfigError when training ``config`` cannot fit in ``device``'s memory at all."""
+def check_model_fits(config, device: torch.device, model: str,
+                     config_name: str | None = None) -> None:
+    """ConfigError when training ``config`` cannot fit in ``device``'s memory at all; the
+    setting that costs the most is named, with ``config_name`` (where the config was read)."""
     params = config.num_parameters()
-    need = params * TRAINING_BYTES_PER_PARAMETER
+    need = model_bytes(config, TRAINING_BYTES_PER_PARAMETER)
     have = device_memory_bytes(device)
     if have is not None and need > have:
+        key = costliest_key(config, TRAINING_BYTES_PER_PARAMETER)
+        blame = (f" {key[0]}={key[1]:,} in {config_name or model} costs the most; check it."
+                 if key else "")
         raise ConfigError(
             f"model {model} ({_shape(config)}) has {params:,} parameters; training it needs at "
             f"least {need / GIB:,.1f} GiB for weights, gradients and optimizer moments "
             f"({TRAINING_BYTES_PER_PARAMETER} bytes per parameter) but the {device.type} has "
-            f"{have / GIB:,.1f} GiB. Choose a smaller model")
+            f"{have / GIB:,.1f} GiB.{blame} Choose a smaller model")
 
 
 @contextmanager

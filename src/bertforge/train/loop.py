@@ -11,6 +11,7 @@ attention, and the masked-position selection of the MLM head (its size depends o
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import warnings
@@ -24,7 +25,7 @@ from torch import nn
 from bertforge.data.batch import LossOutput, to_device
 from bertforge.errors import DataError, TrainingDiverged
 from bertforge.optim.lamb import clip_grad_norm_, global_grad_norm
-from bertforge.core.signals import STOP_SIGNALS
+from bertforge.core.signals import ALL_STOP_SIGNALS
 from bertforge.train.distributed import DistInfo, all_reduce_mean, any_rank, no_sync
 from bertforge.train.precision import Precision
 
@@ -129,22 +130,56 @@ def step_groups(batches: Iterable[dict], k: int, device: torch.device) -> Iterat
         yield MicroBatches(chain([first], stream), k, device)
 
 
-class PreemptionFlag:
-    """SIGTERM / SIGUSR1 set a flag; the loop saves at the next step boundary and exits cleanly.
-    Outside the loop the previous handlers apply (``bertforge.core.signals.raise_on_stop``)."""
+# A Ctrl-C this long or longer after the first stops the run at once, without a checkpoint: a
+# step can hang (a stuck DataLoader, a long evaluation) and the user must get their terminal
+# back. One arriving sooner is the same request again, not impatience: torchrun forwards the
+# SIGINT it got to ranks that got the terminal's own as well.
+SIGINT_AGAIN_S = 3.0
 
-    def __init__(self) -> None:
+
+class PreemptionFlag:
+    """SIGTERM, SIGUSR1 and SIGINT (Ctrl-C) set a flag; the loop saves at the next step
+    boundary and exits cleanly. A Ctrl-C at least ``SIGINT_AGAIN_S`` after the first raises
+    ``KeyboardInterrupt`` where the step is (the command exits 130; the step in progress is not
+    saved, the checkpoints written before are whole: every write is atomic). ``announce``: say
+    so on the first Ctrl-C (one rank says it for all). Outside the loop the previous handlers
+    apply (``bertforge.core.signals.raise_on_stop``, ``KeyboardInterrupt``)."""
+
+    def __init__(self, announce: bool = True) -> None:
         self.requested = False
-        self._previous = {}
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self.announce = announce
+        self._first_sigint: float | None = None
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in ALL_STOP_SIGNALS}
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 (signal API)
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._first_sigint is None:
+                self._first_sigint = now
+                if self.announce:
+                    _say(f"Ctrl-C: the run saves a checkpoint after this step and stops; press "
+                         f"Ctrl-C again (after {SIGINT_AGAIN_S:g} s) to stop at once without "
+                         f"saving")
+            elif now - self._first_sigint >= SIGINT_AGAIN_S:
+                raise KeyboardInterrupt("a second Ctrl-C stopped the run at once; the step in "
+                                        "progress was not saved, the checkpoints written before "
+                                        "are intact (run the same command to resume)")
         self.requested = True
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr from a signal handler: one unbuffered write, since the handler may
+    run while the main thread is inside a buffered write to the same stream (a progress bar),
+    which a second buffered write would break into."""
+    start = "\n" if os.isatty(2) else ""  # off a progress bar's line
+    try:
+        os.write(2, f"{start}{line}\n".encode())
+    except OSError:  # no stderr: the checkpoint is what matters
+        pass
 
 
 @dataclass
@@ -195,7 +230,7 @@ class Trainer:
         window: dict[str, torch.Tensor] = {}
         window_steps, window_seqs, window_tokens = 0, 0, 0
         t0 = time.perf_counter()
-        preempt = PreemptionFlag()
+        preempt = PreemptionFlag(announce=self.dist.is_main)
         result = LoopResult(step=step, preempted=False, skipped_steps=0)
         self.model.train()
         if step >= cfg.max_steps:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from bertforge.core.io import json_text, write_text_atomic
+from bertforge.core.io import (APPEND_FLAGS, check_in_place, json_text, open_in_place,
+                               write_text_atomic)
 from bertforge.core.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,9 @@ class RunLogger:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        where = f"output_dir {self.path.parent}"
+        # Appended to in place: never through a link planted there, never a FIFO to hang on.
+        check_in_place(self.path, "metrics file", where)
         # Lines past the starting step come from a run that died after its last checkpoint (or
         # from an earlier run in this directory): the resumed run drops them, atomically, and
         # appends from there.
@@ -42,7 +47,8 @@ class RunLogger:
             kept = [r for r in read_metrics(self.path) if r["step"] <= start_step]
             write_text_atomic(self.path, "".join(json_text(r, str(self.path)) + "\n"
                                                  for r in kept))
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = os.fdopen(open_in_place(self.path, APPEND_FLAGS, "metrics file", where),
+                               "a", encoding="utf-8")
         self._bar = progress_bar(total=total_steps, initial=start_step, desc="train",
                                  unit="step", dynamic_ncols=True)
         self._total = total_steps
