@@ -215,7 +215,7 @@ def stop_after() -> Callable[[int], type]:
 
     def make(step: int) -> type:
         class StopAfter:
-            def __init__(self) -> None:
+            def __init__(self, announce: bool = True) -> None:  # noqa: ARG002 (the flag's)
                 self.polls = 0
 
             @property

@@ -50,12 +50,18 @@ DAMAGE = {
     "flipped optimizer state": lambda c: flip_tensor_bytes(c / "training_state/optimizer.pt"),
     "missing RNG state": lambda c: (c / "training_state/rng_rank0.pt").unlink(),
     "missing schedule": lambda c: (c / "training_state/scheduler.pt").unlink(),
+    "checksums naming a file outside": lambda c: (c / CHECKSUMS_NAME).write_text(
+        (c / CHECKSUMS_NAME).read_text() + f"{'0' * 64}  ../../outside.bin\n"),
+    "checksums naming a file twice": lambda c: (c / CHECKSUMS_NAME).write_text(
+        (c / CHECKSUMS_NAME).read_text() + f"{'0' * 64}  model.safetensors\n"),
 }
 FOUND = {
     "flipped weights": "model.safetensors does not match its checksum",
     "flipped optimizer state": "training_state/optimizer.pt does not match its checksum",
     "missing RNG state": "training_state/rng_rank0.pt is missing",
     "missing schedule": "training_state/scheduler.pt is missing",
+    "checksums naming a file outside": "names '../../outside.bin', which leads outside",
+    "checksums naming a file twice": "model.safetensors is listed again",
 }
 
 
@@ -84,7 +90,7 @@ def test_explicit_resume_of_a_damaged_checkpoint_is_one_error_line(
     code = main(["pretrain", *finished.args(tmp_path / "new", f"--resume={damaged}")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert err.startswith(f"error: resume: {damaged} is damaged: {FOUND[kind]}")
+    assert err.startswith(f"error: resume: {damaged} is damaged: ") and FOUND[kind] in err, err
     assert f"the previous complete checkpoint next to it is {stopped_at_4 / 'checkpoint-2'}" in err
 
 

@@ -26,6 +26,7 @@ from bertforge.errors import ConfigError
 from bertforge.inference.pipelines import InputError, load_pipeline
 from bertforge.models import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bertforge.tokenization import BertTokenizer
+from cli_output import one_error_line
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "tests" / "assets"
@@ -47,13 +48,6 @@ def exit_code(argv: list[str]) -> int:
         return main(argv)
     except SystemExit as exc:
         return int(exc.code)
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -188,7 +188,7 @@ def test_jsonl_with_cr_separators_reads_like_lf(tmp_path: Path, breaks: tuple[st
         ["One doc.", "Its second line.", "Its third."], ["Second doc."], ["Last doc."]
     ]
     assert [d.source.rsplit(":", 1)[1] for d in docs] == ["1", "3", "5"]
-    assert warnings == [f"{path}:4: not valid JSON (Expecting value); line skipped"]
+    assert warnings == [f"{path}:4:1: not valid JSON (Expecting value); line skipped"]
     assert docs == lf_docs and warnings == lf_warnings
 
 

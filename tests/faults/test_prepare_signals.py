@@ -116,16 +116,17 @@ def survivors(procs: list[psutil.Process], within: float = GONE_WITHIN_S) -> lis
 
 
 @pytest.fixture
-def start(corpus: dict[str, Path], tmp_path: Path) -> Iterator[Callable[[str], Run]]:
+def start(corpus: dict[str, Path], tmp_path: Path) -> Iterator[Callable[..., Run]]:
     """``start(name)`` launches prepare into ``tmp_path/name``. Whatever a test asserts, every
     process it started, and every child seen, is killed afterwards: none outlives the test."""
     runs: list[Run] = []
 
-    def launch(name: str) -> Run:
+    def launch(name: str, group: bool = False) -> Run:
+        """``group``: in a process group of its own, as a shell starts a command line."""
         stderr = tmp_path / f"{name}.stderr"
         with stderr.open("w") as err:
             proc = subprocess.Popen(command(corpus, tmp_path / name), stdout=subprocess.DEVNULL,
-                                    stderr=err, env=ENV)
+                                    stderr=err, env=ENV, process_group=0 if group else None)
         runs.append(Run(proc, tmp_path / name, stderr))
         return runs[-1]
 
@@ -182,3 +183,21 @@ def test_a_killed_worker_ends_prepare_with_an_error_not_a_hang(
     assert run.proc.wait(timeout=60) == 2
     assert "error: a prepare worker process died" in run.stderr.read_text()
     assert survivors(children) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1],
+                         ids=lambda sig: signal.Signals(sig).name)
+def test_a_signal_to_the_whole_group_reaches_only_the_main_process(
+        sig: signal.Signals, start: Callable[..., Run]) -> None:
+    # Ctrl-C in a terminal, `timeout` or a scheduler signal every process of the group: the
+    # workers and the resource tracker ignore it, the main process stops the run cleanly.
+    run = start("out", group=True)
+    children = run.wait_until_working()
+    os.killpg(run.proc.pid, sig)
+    assert run.proc.wait(timeout=60) == 128 + sig
+    stderr = run.stderr.read_text()
+    why = "interrupted" if sig == signal.SIGINT else f"stopped by {signal.Signals(sig).name}"
+    assert f"prepare: {why}; finished shards are kept" in stderr and "Traceback" not in stderr
+    assert "resource_tracker" not in stderr, stderr  # it did not die and complain
+    assert survivors(children) == []
+    assert list(run.out.rglob(f"*{TMP_MARK}*")) == []

@@ -3,7 +3,7 @@ localhost ports driven by httpx, serving tiny random-weight models built here th
 ``load_pipeline``.
 
 The servers run ``bertforge.serve.serve`` in a child process whose pipelines are wrapped (see
-``LAUNCH``) so a test can make one request fail inside the model call ("poison" in its text) or
+``PRELUDE``) so a test can make one request fail inside the model call ("poison" in its text) or
 take long ("slow"), which random weights cannot be asked to do. Everything else is the product:
 the same app, batcher, limits, metrics and shutdown a user gets.
 """
@@ -11,12 +11,8 @@ the same app, batcher, limits, metrics and shutdown a user gets.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,6 +26,7 @@ from bertforge.errors import ConfigError
 from bertforge.models import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from bertforge.serve.batching import BatcherClosed, BatchStats, DynamicBatcher
 from bertforge.tokenization import BertTokenizer
+from serving import ServeProcess
 
 WORDS = ("the report was written by ada in 1843 . who wrote it ? when did she write a long "
          "and careful note about engines , numbers and music lovelace worked london film good "
@@ -41,12 +38,11 @@ CONTEXTS = ["the report was written by ada in 1843 .",
             "she wrote it in 1843 , a note about engines ."]
 QUESTIONS = ["who wrote the report ?", "when did she write it ?", "who worked in london ?"]
 
-# The child: serve() with each loaded pipeline wrapped so that an item whose text holds "poison"
-# makes the model call raise and one holding "slow" makes it take a second.
-LAUNCH = """
-import json, sys, time
+# Run in the child before serve(): each loaded pipeline wrapped so that an item whose text holds
+# "poison" makes the model call raise and one holding "slow" makes it take a second.
+PRELUDE = """
+import time
 import bertforge.inference.pipelines as pipelines
-from bertforge.serve import serve
 
 real = pipelines.load_pipeline
 
@@ -71,7 +67,6 @@ class Wrapped:
         return self.inner(requests)
 
 pipelines.load_pipeline = lambda *a, **k: Wrapped(real(*a, **k))
-raise SystemExit(serve(sys.argv[1], port=0, **json.loads(sys.argv[2])))
 """
 
 
@@ -234,52 +229,17 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"qa": _save(qa, root / "qa"), "classify": _save(cls, root / "classify")}
 
 
-class Server:
-    """A ``serve`` child process; ``url`` once it listens, its stderr in ``log``."""
-
-    def __init__(self, model: Path, log: Path, env: dict[str, str], **options: Any) -> None:
-        self.log = log
-        with log.open("wb") as stderr:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(model),
-                                         json.dumps(options)], stdout=subprocess.DEVNULL,
-                                        stderr=stderr, env=env)
-        self.url = ""
-
-    def wait_ready(self, timeout: float = 60.0) -> Server:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(r"listening on (http://\S+)", self.log.read_text())
-            if found:
-                self.url = found.group(1)
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise AssertionError(f"the server did not start:\n{self.log.read_text()}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-
-
 @pytest.fixture(scope="module")
 def servers(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[dict[str, Server]]:
+            ) -> Iterator[dict[str, ServeProcess]]:
     logs = tmp_path_factory.mktemp("serve_logs")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     # Started together: each spends its first seconds importing torch.
     started = {
         # A wait long enough that concurrent requests reliably share batches.
-        "qa": Server(models["qa"], logs / "qa.log", env, max_wait_ms=100, max_batch_items=8,
-                     max_body_bytes=20_000, max_text_chars=2_000),
-        "classify": Server(models["classify"], logs / "classify.log",
-                           {**env, "BERTFORGE_API_KEY": "sesame"}),
+        "qa": ServeProcess(models["qa"], logs / "qa.log", prelude=PRELUDE, max_wait_ms=100,
+                     max_batch_items=8, max_body_bytes=20_000, max_text_chars=2_000),
+        "classify": ServeProcess(models["classify"], logs / "classify.log", prelude=PRELUDE,
+                           env={"BERTFORGE_API_KEY": "sesame"}),
     }
     try:
         yield {name: server.wait_ready() for name, server in started.items()}
@@ -289,7 +249,7 @@ def servers(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="module")
-def qa(servers: dict[str, Server]) -> Iterator[httpx.Client]:
+def qa(servers: dict[str, ServeProcess]) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=servers["qa"].url, timeout=30) as client:
         yield client
 
@@ -330,7 +290,7 @@ def test_question_answering_single_and_batch(qa: httpx.Client) -> None:
 
 
 def test_concurrent_requests_are_batched_and_equal_unbatched_answers(
-        qa: httpx.Client, servers: dict[str, Server]) -> None:
+        qa: httpx.Client, servers: dict[str, ServeProcess]) -> None:
     items = [{"question": QUESTIONS[i % 3], "context": CONTEXTS[(i * 7) % 4][: 20 + 9 * i]}
              for i in range(16)]
     # One at a time first: each request alone in its batch.
@@ -429,7 +389,7 @@ def test_unknown_route_and_method(qa: httpx.Client) -> None:
 
 
 def test_internal_failure_is_500_for_that_request_only(qa: httpx.Client,
-                                                       servers: dict[str, Server]) -> None:
+                                                       servers: dict[str, ServeProcess]) -> None:
     good = [{"question": q, "context": CONTEXTS[0]} for q in QUESTIONS]
     bad = {"question": "who poison ?", "context": CONTEXTS[0]}
     expected = [qa.post("/v1/question-answering", json=item).json() for item in good]
@@ -470,7 +430,7 @@ def _metrics(text: str) -> dict[str, Any]:
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 
-def test_classification_with_api_key(servers: dict[str, Server]) -> None:
+def test_classification_with_api_key(servers: dict[str, ServeProcess]) -> None:
     with httpx.Client(base_url=servers["classify"].url, timeout=30) as client:
         item = {"text": "a good film with great acting"}
         missing = client.post("/v1/text-classification", json=item)
@@ -498,8 +458,7 @@ def test_classification_with_api_key(servers: dict[str, Server]) -> None:
 
 def test_sigterm_drains_in_flight_and_queued_requests_then_exits_0(
         models: dict[str, Path], tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    server = Server(models["classify"], tmp_path / "log", env, max_batch_items=1,
+    server = ServeProcess(models["classify"], tmp_path / "log", prelude=PRELUDE, max_batch_items=1,
                     embeddings=False).wait_ready()
     try:
         url = server.url + "/v1/text-classification"

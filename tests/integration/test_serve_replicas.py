@@ -5,7 +5,8 @@ failing a lost batch whole), then real servers: ``serve(..., replicas=2, device=
 child process serving a tiny random-weight QA model through two spawned replica processes. The
 answers must be those of the pipeline run in one process; requests must reach both replicas
 (their own series in /metrics and rows in /health); a replica killed while it holds a request
-must fail that request at once and be reported; SIGTERM must leave no process behind.
+must fail that request at once and be reported (restarts: tests/faults/test_replica_faults.py);
+SIGTERM must leave no process behind.
 """
 
 from __future__ import annotations
@@ -13,17 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
-import psutil
 import pytest
 import torch
 
@@ -32,6 +29,8 @@ from bertforge.models import BertConfig, BertForQuestionAnswering
 from bertforge.serve.batching import BatchLost, DynamicBatcher
 from bertforge.serve.replicas import plan_replicas
 from bertforge.tokenization import BertTokenizer
+from serving import ServeProcess as Server
+from serving import stop_cleanly as _stop_cleanly
 
 WORDS = ("the report was written by ada in 1843 . who wrote it ? when did she write a long "
          "and careful note about engines , numbers and music lovelace worked london").split()
@@ -44,9 +43,6 @@ QUESTIONS = ["who wrote the report ?", "when did she write it ?", "who worked in
 ITEMS = [{"question": QUESTIONS[i % 3], "context": CONTEXTS[(i * 7) % 4][: 20 + 9 * i]}
          for i in range(12)]
 QA = "/v1/question-answering"
-LAUNCH = ("import json, sys; from bertforge.serve import serve; "
-          "raise SystemExit(serve(sys.argv[1], port=0, **json.loads(sys.argv[2])))")
-GONE_WITHIN_S = 15.0
 
 
 # ------------------------------------------------------------------------------ the parts
@@ -142,68 +138,6 @@ def qa_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-class Server:
-    """A ``serve`` child process; ``url`` once it listens, its stderr in ``log``."""
-
-    def __init__(self, model: Path, log: Path, **options: Any) -> None:
-        self.log = log
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        with log.open("wb") as stderr:
-            self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(model),
-                                          json.dumps(options)], stdout=subprocess.DEVNULL,
-                                         stderr=stderr, env=env)
-        self.url = ""
-
-    def wait_ready(self, timeout: float = 120.0) -> Server:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(r"listening on (http://\S+)", self.log.read_text())
-            if found:
-                self.url = found.group(1)
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise AssertionError(f"the server did not start:\n{self.log.read_text()}")
-
-    def family(self) -> list[psutil.Process]:
-        """The server's descendants: its replicas and multiprocessing's resource tracker."""
-        return psutil.Process(self.proc.pid).children(recursive=True)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            for child in self.family():
-                child.kill()
-            self.proc.kill()
-            raise
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:  # an orphan's adoptive parent may be slow to reap it: a zombie has ended
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def survivors(procs: list[psutil.Process], within: float = GONE_WITHIN_S) -> list[psutil.Process]:
-    deadline = time.monotonic() + within
-    while (alive := [p for p in procs if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
-
-
-def _stop_cleanly(server: Server) -> None:
-    """SIGTERM: exit status 0 and no replica (or other child) left running."""
-    family = server.family()
-    assert server.stop() == 0, server.log.read_text()
-    assert survivors(family) == [], server.log.read_text()
-
-
 @pytest.fixture(scope="module")
 def replicated(qa_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("replica_logs") / "two.log"
@@ -293,8 +227,9 @@ def test_answers_equal_one_process_and_spread_over_both_replicas(
 
 def test_a_killed_replica_fails_its_requests_fast_and_is_reported(
         qa_model: Path, tmp_path: Path) -> None:
+    # Not restarted (tests/faults/test_replica_faults.py covers restarts): it stays dead.
     server = Server(qa_model, tmp_path / "log", replicas=2, device="cpu", max_wait_ms=0,
-                    embeddings=False).wait_ready()
+                    embeddings=False, replica_restarts=0).wait_ready()
     try:
         url = server.url
         first = httpx.get(url + "/health").json()["replicas"][0]

@@ -361,13 +361,13 @@ def _write(path: Path, content: object) -> Path:
 def test_vocab_json_errors(tiny_files: tuple[Path, Path], tmp_path: Path) -> None:
     _, merges = tiny_files
     cases = [
-        ("not json", r"bad.json:1: not valid JSON"),
+        ("not json", r"bad.json:1:1: not valid JSON"),
         ([1, 2], r"expected a JSON object at the top level"),
         ({}, r"the vocabulary is empty; train one"),
         ({"<s>": "0"}, r"token '<s>' has id '0'; vocab.json maps every token to an integer id"),
         ({"<s>": True}, r"token '<s>' has id True"),
-        ({"<s>": 0, "a": 2}, r"token ids are not 0..1, each once \(id 1 is missing or repeated\)"),
-        ({"<s>": 0, "a": 0}, r"token ids are not 0..1, each once"),
+        ({"<s>": 0, "a": 2}, r"token ids are not 0..1 without gaps \(no token has id 1\)"),
+        ({"<s>": 0, "a": 0}, r"tokens '<s>' and 'a' both have id 0"),
         ({"model": {"type": "BPE"}}, r"is a tokenizer.json, not a vocab.json; load it with"),
     ]
     for content, message in cases:
@@ -376,7 +376,7 @@ def test_vocab_json_errors(tiny_files: tuple[Path, Path], tmp_path: Path) -> Non
     with pytest.raises(DataError, match=r"missing.json does not exist; check the path"):
         BpeTokenizer.from_files(tmp_path / "missing.json", merges)
     (tmp_path / "latin1.json").write_bytes(b'{"\xe9": 0}')
-    with pytest.raises(DataError, match=r"latin1.json is not UTF-8 text"):
+    with pytest.raises(DataError, match=r"latin1.json:1: not UTF-8 text \(byte 0xe9\)"):
         BpeTokenizer.from_files(tmp_path / "latin1.json", merges)
 
 
@@ -439,8 +439,8 @@ def test_tokenizer_json_errors(tok: BpeTokenizer, tmp_path: Path) -> None:
         BpeTokenizer.from_file(variant(model={**good["model"], "merges": [["Ġ", "t"], ["a"]]}))
     gap = dict(good["model"]["vocab"])
     gap["extra"] = len(gap) + 1
-    with pytest.raises(DataError, match=r"token ids are not 0..400 without gaps; the file is "
-                                        r"damaged"):
+    with pytest.raises(DataError, match=r"token ids are not 0..400 without gaps \(no token "
+                                        r"has id 400\); the file is damaged"):
         BpeTokenizer.from_file(variant(model={**good["model"], "vocab": gap}))
     with pytest.raises(DataError, match=r"a token id is not an integer"):
         BpeTokenizer.from_file(variant(model={**good["model"], "vocab": {"<s>": "x"}}))

@@ -120,6 +120,12 @@ OLD_FLAGS = [
          "max_json_depth": 4, "max_number_digits": 20, "max_num_beams": 2,
          "max_generation_length": 64, "max_generation_tokens": 512, "header_timeout": 1.5,
          "body_timeout": 2.5, "keep_alive_timeout": 0.5}),
+    ("serve --model m --replica-timeout 30 --replica-restarts 2 --expose-paths", {
+        "replica_timeout": 30.0, "replica_restarts": 2, "expose_paths": True}),
+    ("serve --model m", {"replica_timeout": 0.0, "replica_restarts": 5, "expose_paths": False}),
+    ("serve --model m --max-queue 64 --drain-timeout 5", {"max_queue": 64,
+                                                          "drain_timeout": 5.0}),
+    ("serve --model m", {"max_queue": 0, "drain_timeout": 20.0}),
     ("export onnx --model m --output o", {"what": "onnx", "opset": 17, "quantize": None,
                                           "sample": None, "triton": False, "atol": 1e-4,
                                           "exporter": "auto"}),

@@ -84,7 +84,7 @@ def test_jsonl_documents_and_bad_lines(tmp_path: Path) -> None:
     assert [d.source.rsplit(":", 1)[1] for d in docs] == ["1", "7"]
     hint = "line skipped (choose the field with --text-field)"
     assert warnings == [
-        f"{tmp_path / 'd.jsonl'}:2: not valid JSON (Expecting value); line skipped",
+        f"{tmp_path / 'd.jsonl'}:2:1: not valid JSON (Expecting value); line skipped",
         f"{tmp_path / 'd.jsonl'}:3: field 'text' is missing; {hint}",
         f"{tmp_path / 'd.jsonl'}:4: field 'text' is not a string; {hint}",
     ]

@@ -538,7 +538,7 @@ def test_loading_reports_missing_and_broken_files(tmp_path):
     with pytest.raises(ConfigError, match="generation_config.json: no such file"):
         GenerationConfig.load(tmp_path)
     (tmp_path / GENERATION_CONFIG_NAME).write_text('{\n  "num_beams": 4,\n}\n')
-    with pytest.raises(ConfigError, match=r"generation_config.json:3: not valid JSON"):
+    with pytest.raises(ConfigError, match=r"generation_config.json:3:1: not valid JSON"):
         GenerationConfig.load(tmp_path)
     (tmp_path / GENERATION_CONFIG_NAME).write_text('{"num_beams": 0}')
     with pytest.raises(ConfigError, match=r"generation_config.json: generation setting "

@@ -211,7 +211,7 @@ def test_files_v1_and_v2(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("which, content, message", [
-    ("data", "{not json", r"data\.json: not valid JSON"),
+    ("data", "{not json", r"data\.json:1:2: not valid JSON"),
     ("data", [1, 2], r"data\.json: expected a JSON object with a 'data' list"),
     ("data", {"version": "1.1", "data": [{"paragraphs": [{"qas": [{"id": "q", "answers": []},
                                                                   {"answers": []}]}]}]},
@@ -226,13 +226,13 @@ def test_files_v1_and_v2(tmp_path: Path) -> None:
     ("data", {"data": [{"paragraphs": [{"qas": [{"id": "q", "answers": [{"txt": 1}]}]}]}]},
      r"data\.json: data\[0\]\.paragraphs\[0\]\.qas\[0\] \(id 'q'\): 'answers'"),
     ("data", {"data": [{"paragraphs": [{"qas": [{"id": "q", "answers": [{"text": "a"}]}] * 2}]}]},
-     r"data\.json: .*qas\[1\]: question id 'q' appears twice"),
+     r"data\.json: .*qas\[1\]: question id 'q' was already used at .*qas\[0\]"),
     ("data", {"data": []}, r"data\.json: the dataset has no questions"),
     ("preds", ["q"], r"preds\.json: expected a JSON object"),
     ("preds", {"q": 3}, r"preds\.json: the prediction for id 'q' is int"),
     ("na", {"q": "high"}, r"na\.json: the value for id 'q' is 'high', not a number"),
     ("na", {}, r"na\.json: 1 predicted questions have no no-answer probability .*'q'"),
-    ("na", "[", r"na\.json: not valid JSON"),
+    ("na", "[", r"na\.json:1:2: not valid JSON"),
 ])
 def test_bad_files_name_the_file(tmp_path: Path, which: str, content: Any, message: str) -> None:
     files = {"data": {"version": "v2.0", "data": dataset(("q", ["a"]))},

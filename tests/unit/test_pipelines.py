@@ -249,7 +249,7 @@ BAD_ITEMS = [
     ("qa", {"question": "q", "context": "c", "answer": "x"}, "answer", "not a field"),
     ("cls", {"text": "paris", "text_pair": ""}, "text_pair", "must not be empty"),
     ("cls", {"text": "paris " * 200}, "text", "over this model's limit of 128"),
-    ("cls", {"text": "paris", "text_pair": "city " * 200}, "text", "with text_pair"),
+    ("cls", {"text": "paris", "text_pair": "city " * 200}, "text_pair", "together with text,"),
     ("tag", {"text": None}, "text", "is required"),
     ("mlm", {"text": "no mask here"}, "text", "has no [MASK]"),
     ("mlm", {"text": "[MASK]", "top_k": 0}, "top_k", "must be >= 1"),
@@ -288,7 +288,7 @@ def test_truncate_policy_cuts_and_says_so(models):
     assert len(request.window.ids) == 16
     assert pipe([request])[0]["truncated"] is True
     fill = load_pipeline(models["mlm"], truncation="truncate", max_length=8)
-    with pytest.raises(InputError, match="within the first max_length tokens"):
+    with pytest.raises(InputError, match="within its first 8 tokens"):
         fill.parse({"text": "paris " * 20 + "[MASK]"})
 
 

@@ -139,7 +139,7 @@ def test_a_text_pipeline_names_the_bad_item_of_a_list(models):
     (dict(task="fill-mask", model="MODEL", align_to_words=False),
      "option align_to_words does not apply to fill-mask"),
     (dict(task="question-answering", model="QA", align_to_words="no"),
-     "align_to_words must be true or false, got 'no'"),
+     "align_to_words must be True or False, got str 'no'"),
 ])
 def test_pipeline_mistakes_are_config_errors(models, kwargs, words):
     if kwargs.get("model") in ("MODEL", "QA"):

@@ -184,7 +184,7 @@ def test_missing_paths_and_bad_json(tmp_path: Path) -> None:
         BertTokenizer.from_pretrained(tmp_path)
     bad = tmp_path / "tokenizer.json"
     bad.write_text('{\n  "model": {\n    "type": "WordPiece",\n  }\n}')
-    with pytest.raises(DataError, match=r"tokenizer.json:4: not valid JSON"):
+    with pytest.raises(DataError, match=r"tokenizer.json:4:3: not valid JSON"):
         BertTokenizer.from_file(bad)
     bad.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}}}))
     with pytest.raises(DataError, match=r"model type is 'BPE', not a WordPiece vocabulary"):
