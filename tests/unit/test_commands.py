@@ -70,6 +70,23 @@ OLD_FLAGS = [
     ("evaluate summarization --predictions p.jsonl --references r.jsonl --prediction-field s "
      "--reference-field t", {"what": "summarization", "references": "r.jsonl",
                              "prediction_field": "s", "reference_field": "t"}),
+    ("evaluate retrieval --model m --data beir", {
+        "what": "retrieval", "model": "m", "data": "beir", "predictions": None, "split": "test",
+        "batch_size": 64, "block_size": 16384, "reranker": None, "rerank_top": 100,
+        "device": "auto", "output": None}),
+    ("evaluate retrieval --model m --data b --split dev --batch-size 8 --block-size 100 "
+     "--reranker r --rerank-top 20 --device cpu --output o.json", {
+         "split": "dev", "batch_size": 8, "block_size": 100, "reranker": "r", "rerank_top": 20,
+         "device": "cpu", "output": "o.json"}),
+    ("evaluate sts --model m --data sts.tsv", {"what": "sts", "model": "m", "data": "sts.tsv"}),
+    ("mine --model m --data p.jsonl --output o.jsonl", {
+        "model": "m", "data": "p.jsonl", "output": "o.jsonl", "corpus": None, "overwrite": False,
+        "range_min": 10, "range_max": 100, "negatives": 5, "margin": None, "batch_size": 64,
+        "block_size": 16384, "device": "auto"}),
+    ("mine --model m --data p --output o --corpus c.txt --overwrite --range-min 0 --range-max 50 "
+     "--negatives 3 --margin 0.05 --batch-size 16 --block-size 1000 --device cpu", {
+         "corpus": "c.txt", "overwrite": True, "range_min": 0, "range_max": 50, "negatives": 3,
+         "margin": 0.05, "batch_size": 16, "block_size": 1000, "device": "cpu"}),
     ("generate --model m --input i.jsonl --output o.jsonl", {
         "model": "m", "input": "i.jsonl", "output": "o.jsonl", "text_field": None,
         "batch_size": 8, "device": "auto", "max_source_length": None, "num_beams": None,
@@ -184,7 +201,8 @@ def test_choices_error_as_before(capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["evaluate", "bleu", "--predictions", "p"])
     assert stop.value.code == 2
-    assert ("argument what: invalid choice: 'bleu' (choose from 'squad', 'summarization')"
+    assert ("argument what: invalid choice: 'bleu' (choose from 'squad', 'summarization', "
+            "'retrieval', 'sts')"
             in capsys.readouterr().err)
     with pytest.raises(SystemExit):
         main(["vocab", "--input", "a", "--output", "o", "--type", "sentencepiece"])

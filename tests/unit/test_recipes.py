@@ -29,7 +29,8 @@ def test_lists_every_shipped_recipe() -> None:
         "finetune/squad-v1.1-bert-large", "finetune/squad-v1.1-bert-base",
         "finetune/squad-v2.0-bert-large", "finetune/swag", "finetune/conll2003",
         "finetune/debug-cpu", "finetune/summarization-cnndm",
-        "finetune/summarization-xsum"} == set(finetune)
+        "finetune/summarization-xsum", "finetune/embedding-squad", "finetune/embedding-stsb",
+        "finetune/reranker-squad"} == set(finetune)
     assert sorted(list_recipes()) == sorted(list_recipes("debug", "pretrain") + finetune)
 
 

@@ -12,13 +12,14 @@ from bertforge.commands.base import Command
 from bertforge.commands.data import INSPECT, PREPARE, VOCAB
 from bertforge.commands.evaluate import EVALUATE
 from bertforge.commands.generate import GENERATE
+from bertforge.commands.mine import MINE
 from bertforge.commands.predict import PREDICT
 from bertforge.commands.serve import EXPORT, SERVE
 from bertforge.commands.tools import CONVERT, DEMO, PLAN
 from bertforge.commands.train import FINETUNE, PRETRAIN
 
 # In the order of a user's journey (and of `bertforge --help`).
-COMMANDS: tuple[Command, ...] = (VOCAB, PREPARE, INSPECT, CONVERT, PRETRAIN, FINETUNE, EVALUATE,
-                                 GENERATE, PREDICT, SERVE, EXPORT, PLAN, DEMO)
+COMMANDS: tuple[Command, ...] = (VOCAB, PREPARE, INSPECT, CONVERT, PRETRAIN, FINETUNE, MINE,
+                                 EVALUATE, GENERATE, PREDICT, SERVE, EXPORT, PLAN, DEMO)
 
 __all__ = ["COMMANDS", "Command"]

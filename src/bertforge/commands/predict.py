@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from bertforge.commands.base import Command, beside
 from bertforge.config import GenerationOptions
-from bertforge.core.limits import MIN_SEQUENCE_TOKENS
+from bertforge.core.limits import MIN_SEQUENCE_TOKENS, POOLINGS
 from bertforge.core.schema import REQUIRED, check_fields, closest_key, flag, opt, save_config
 from bertforge.errors import ConfigError
 from bertforge.inference.interactive import MODES
@@ -53,9 +53,9 @@ class PredictConfig(GenerationOptions):
     max_query_length: Optional[int] = opt(None, "qa: questions are cut to this many tokens "
                                           "(default: the run's, else 64).", minimum=1)
     top_k: Optional[int] = opt(None, "fill-mask: candidates per mask (default 5).", minimum=1)
-    pooling: Optional[str] = opt(None, "embed: mean of the token vectors or the first token's "
-                                 "(default: the model's saved sentence-transformers pooling, "
-                                 "else mean).", choices=("mean", "cls"))
+    pooling: Optional[str] = opt(None, "embed: mean of the token vectors, the first token's or "
+                                 "the last token's (default: the model's saved "
+                                 "sentence-transformers pooling, else mean).", choices=POOLINGS)
     finetune_overrides: List[str] = opt(
         help="No MODE: fine-tuning config keys for the run's settings, e.g. "
              "--eval.batch_size=128 (every --key=value that is not a predict option).",

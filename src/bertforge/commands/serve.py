@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from bertforge.commands.base import Command
+from bertforge.core.limits import POOLINGS
 from bertforge.errors import ConfigError
 from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
 from bertforge.serve.settings import SETTING_NAMES, ServeSettings
@@ -136,9 +137,9 @@ class ExportConfig:
                       "output.")
     exporter: str = opt("auto", "torch.onnx exporter: auto tries dynamo, then TorchScript.",
                         choices=("auto", "dynamo", "torchscript"))
-    pooling: Optional[str] = opt(None, "sentence-transformers: mean of the token vectors or the "
-                                 "first token's (default: the model's saved pooling, else "
-                                 "mean).", choices=("mean", "cls"))
+    pooling: Optional[str] = opt(None, "sentence-transformers: mean of the token vectors, the "
+                                 "first token's or the last token's (default: the model's "
+                                 "saved pooling, else mean).", choices=POOLINGS)
     normalize: bool = opt(False, "sentence-transformers: unit-length vectors (a Normalize "
                           "module; default: as the model was saved, else off).")
 

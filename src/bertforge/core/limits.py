@@ -21,6 +21,9 @@ log = logging.getLogger("bertforge.settings")
 OPTIMIZERS = ("lamb", "adamw", "decoupled_adamw", "stableadamw", "decoupled_stableadamw",
               "muon")
 # bertforge.ops.attention.BACKENDS, and those of them that are one fused flash kernel (no fp32)
+POOLINGS = ("mean", "cls", "last")
+"""How a text vector is made from token vectors (``bertforge.ops.pooling``): the mean of the real
+tokens, the first token ([CLS]/<s>) or the last real token."""
 ATTENTION_BACKENDS = ("auto", "flash", "torch-flash", "nested", "padded")
 FUSED_ATTENTION_BACKENDS = ("flash", "torch-flash")
 SCHEDULES = ("poly", "linear", "constant", "wsd")  # bertforge.optim.schedules

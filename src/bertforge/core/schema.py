@@ -225,12 +225,43 @@ def _layers(cls: type, path: str | Path | None, overrides: Sequence[str],
         layers.append((str(path), OmegaConf.to_container(_read_yaml(path))))
     if values:
         layers.append(("the command line", _escape(dict(values))))
-    dotted = OmegaConf.to_container(OmegaConf.from_dotlist(_parse_overrides(overrides)))
+    dotlist = _parse_overrides(overrides)
+    dotted = OmegaConf.to_container(OmegaConf.from_dotlist(dotlist))
+    _keep_text(cls, dotted, dotlist)
     layers.append(("the command line", dotted))
     renamed = [(where, _rename_aliases(cls, data, where)) for where, data in layers]
     for where, data in renamed:
         _check_whole_numbers(cls, data, where)
     return renamed
+
+
+def _is_text(cls: type, key: str) -> bool:
+    """Whether dotted ``key`` names a ``str`` (or ``Optional[str]``) field of ``cls``."""
+    *sections, name = key.split(".")
+    for part in sections:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        cls = section_type(fields[part]) if part in fields else None
+        if cls is None:
+            return False
+    hint = typing.get_type_hints(cls).get(name)
+    return hint is str or (typing.get_origin(hint) is typing.Union
+                           and [a for a in typing.get_args(hint) if a is not type(None)] == [str])
+
+
+def _keep_text(cls: type, dotted: dict, dotlist: Sequence[str]) -> None:
+    """A text key's ``--key=value`` is the text as typed: OmegaConf would read YAML in it
+    (``--embedding.query_prompt=query: `` as a mapping). Quoted text and ``null`` keep their
+    YAML meaning."""
+    for item in dotlist:
+        key, _, raw = item.partition("=")
+        parts = key.split(".")
+        holder = dotted
+        for part in parts[:-1]:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if (isinstance(holder, dict) and parts[-1] in holder
+                and not isinstance(holder[parts[-1]], str) and holder[parts[-1]] is not None
+                and _is_text(cls, key)):
+            holder[parts[-1]] = _escape(raw)
 
 
 def _is_int(hint: Any) -> bool:

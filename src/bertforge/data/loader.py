@@ -19,7 +19,7 @@ import torch
 
 from bertforge.core.signals import ignore_stop_signals, starting_workers
 from bertforge.data.collate.mlm import MaskingSpec, MicroBatchMaker, masking_spec
-from bertforge.data.masking import order_rng
+from bertforge.data.masking import arrange_rng, order_rng
 from bertforge.errors import CheckpointError, DataError
 
 
@@ -110,6 +110,11 @@ class PretrainingLoader:
     map-style dataset whose ``__getitem__((epoch, indices))`` returns the micro-batch (workers
     call it, as they call ``MicroBatchMaker``'s).
 
+    A dataset with a method ``arrange_batches(batches, rng) -> batches`` may rearrange each
+    epoch's (n, G) global batches (the same samples, e.g. so that no batch holds a text twice:
+    ``bertforge.data.distinct``); ``rng`` is ``masking.arrange_rng(seed, epoch)``, so the
+    arranged order still depends only on (seed, epoch, dataset) and resumes exactly.
+
     Iterating yields contracts.md micro-batch dicts forever; ``epoch`` advances on its own and
     the train loop decides when to stop. ``state_dict()`` taken after the last micro-batch of a
     global batch resumes at exactly the next global batch (a partially consumed global batch is
@@ -196,6 +201,9 @@ class PretrainingLoader:
             order = epoch_batches(len(self.dataset), self.global_batch_size, seed=self.seed,
                                   epoch=epoch, bins=self._bins,
                                   shard_offsets=self._shard_offsets, drop_last=self.drop_last)
+            arrange = getattr(self.dataset, "arrange_batches", None)
+            if arrange is not None:
+                order = _arranged(order, arrange(order, arrange_rng(self.seed, epoch)))
             self._order_cache = (epoch, order)
         return self._order_cache[1]
 
@@ -285,6 +293,17 @@ class PretrainingLoader:
             self._maker.seed = self.seed
         self._order_cache = None
         self.epoch, self.batches_consumed = int(state["epoch"]), int(state["batches_consumed"])
+
+
+def _arranged(order: np.ndarray, arranged: Any) -> np.ndarray:
+    """A dataset's rearrangement of ``order``, checked to hold the very same samples: anything
+    else would silently drop or repeat data."""
+    out = np.asarray(arranged, dtype=np.int64)
+    if out.shape != order.shape or not np.array_equal(np.sort(out, axis=None),
+                                                      np.sort(order, axis=None)):
+        raise ValueError(f"arrange_batches returned {out.shape} batches that are not a "
+                         f"rearrangement of the {order.shape} it was given")
+    return out
 
 
 def pin_batch(batch: dict) -> dict:

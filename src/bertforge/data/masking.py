@@ -21,6 +21,7 @@ import numpy as np
 # stream of an epoch can never coincide.
 _MASK_DOMAIN = 0
 ORDER_DOMAIN = 1
+_ARRANGE_DOMAIN = 2
 
 _U64 = (1 << 64) - 1
 
@@ -48,6 +49,12 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 def order_rng(seed: int, epoch: int) -> np.random.Generator:
     """The generator that orders the samples of ``epoch`` (independent of every mask stream)."""
     return _philox(seed, ORDER_DOMAIN, epoch, 0)
+
+
+def arrange_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The generator a dataset's ``arrange_batches`` draws from in ``epoch`` (independent of
+    the order and mask streams, so arranging never shifts either)."""
+    return _philox(seed, _ARRANGE_DOMAIN, epoch, 0)
 
 
 def normalize_special_ids(special_ids: Iterable[int] | np.ndarray) -> np.ndarray:

@@ -3,13 +3,16 @@
 sentence-transformers loads a directory as a chain of modules listed in ``modules.json``; for a
 BERT text embedder that is the transformer (config.json, model.safetensors and the tokenizer at
 the directory's root, with ``sentence_bert_config.json`` saying its max_seq_length), a pooling
-module (``1_Pooling/config.json``: mean over the real tokens, or the first token's vector) and,
-when vectors are scaled to unit length, a normalize module (``2_Normalize``). So
+module (``1_Pooling/config.json``: mean over the real tokens, the first token's vector or the
+last real token's) and, when vectors are scaled to unit length, a normalize module
+(``2_Normalize``); ``config_sentence_transformers.json`` holds the named prompts (text put
+before a query or a document) and, under bertforge's own key, the Matryoshka sizes. So
 ``SentenceTransformer(DIR)`` gives the vectors bertforge's feature-extraction pipeline and
 ``/v1/embeddings`` give for the same text.
 
 Both directions live here: :func:`read_pooling` tells the feature-extraction pipeline which
-pooling and normalization a directory was saved with (its defaults), :func:`saved_max_seq_length`
+pooling and normalization a directory was saved with (its defaults), :func:`read_prompts` and
+:func:`read_matryoshka_dims` its prompts and sizes, :func:`saved_max_seq_length`
 the input limit every reader of the directory keeps to (the pipelines, the server, both exports),
 and :func:`write_sentence_transformers_files` / :func:`export_sentence_transformers` write them.
 The files use the keys every sentence-transformers release reads (``pooling_mode_mean_tokens``
@@ -18,6 +21,7 @@ and the other booleans, ``word_embedding_dimension``); newer releases convert th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -29,12 +33,15 @@ from bertforge.core.io import (fsync_dir, output_lock, temp_name, write_bytes_at
 from bertforge.core.jsonfile import read_json
 from bertforge.core.paths import named_file
 from bertforge.errors import ConfigError
+from bertforge.ops.pooling import POOLINGS  # what bertforge computes and writes: mean, cls, last
 
-POOLINGS = ("mean", "cls")
-"""The pooling modes bertforge computes and writes (sentence-transformers has more; a directory
-saved with another is read, and the feature-extraction pipeline refuses it)."""
 MODULES_FILE = "modules.json"
 SENTENCE_BERT_CONFIG = "sentence_bert_config.json"
+ST_CONFIG = "config_sentence_transformers.json"
+MATRYOSHKA_KEY = "matryoshka_dims"
+"""bertforge's key in ``config_sentence_transformers.json``: the sizes a Matryoshka model was
+trained to be cut to. sentence-transformers reads only the keys it knows from that file
+(prompts, default_prompt_name, similarity_fn_name, truncate_dim, ...) and ignores this one."""
 POOLING_DIR = "1_Pooling"
 NORMALIZE_DIR = "2_Normalize"
 _TYPES = {"transformer": "sentence_transformers.models.Transformer",
@@ -45,7 +52,9 @@ _LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "me
                 "pooling_mode_max_tokens": "max",
                 "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                 "pooling_mode_weightedmean_tokens": "weightedmean",
-                "pooling_mode_lasttoken": "lasttoken"}
+                "pooling_mode_lasttoken": "last"}
+# sentence-transformers' pooling_mode names that bertforge calls otherwise.
+_MODE_NAMES = {"lasttoken": "last"}
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,7 @@ def _pooling_mode(config: Any, path: Path) -> str:
     mode = config.get("pooling_mode")
     modes = [mode] if isinstance(mode, str) else list(mode) if isinstance(mode, list) else [
         name for key, name in _LEGACY_KEYS.items() if config.get(key) is True]
+    modes = [_MODE_NAMES.get(m, m) if isinstance(m, str) else m for m in modes]
     return "+".join(map(str, modes)) or "mean"  # none set: sentence-transformers' default
 
 
@@ -121,17 +131,75 @@ def saved_max_seq_length(directory: str | os.PathLike[str]) -> int | None:
     return value
 
 
+def _st_config(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], Path] | None:
+    """``config_sentence_transformers.json`` of ``directory`` and its path; None without it."""
+    path = Path(directory) / ST_CONFIG
+    if not path.is_file():
+        return None
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} must hold a JSON object (prompts, similarity_fn_name, ...); "
+                          "write it again with `bertforge export sentence-transformers`")
+    return config, path
+
+
+def read_prompts(directory: str | os.PathLike[str]) -> dict[str, str]:
+    """The named prompts saved with a model directory (``config_sentence_transformers.json``'s
+    "prompts", e.g. ``{"query": "query: ", "document": "passage: "}``): text put before an
+    input of that kind, as the model was trained. {} without the file or the key."""
+    found = _st_config(directory)
+    prompts = found[0].get("prompts") if found else None
+    if prompts is None:
+        return {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ConfigError(f"{found[1]}: prompts must map names to texts (e.g. {{\"query\": "
+                          f"\"query: \"}}), got {json.dumps(prompts)[:80]}; fix the file")
+    return dict(prompts)
+
+
+def read_default_prompt_name(directory: str | os.PathLike[str]) -> str | None:
+    """The prompt sentence-transformers puts before inputs that name none
+    (``default_prompt_name``; None: no prompt); ``ConfigError`` when it names no saved prompt."""
+    found = _st_config(directory)
+    name = found[0].get("default_prompt_name") if found else None
+    if name is not None and name not in read_prompts(directory):
+        raise ConfigError(f"{found[1]}: default_prompt_name {json.dumps(name)[:60]} is not one "
+                          f"of its prompts ({', '.join(read_prompts(directory)) or 'none'}); "
+                          "set it to a saved prompt's name or null")
+    return name
+
+
+def read_matryoshka_dims(directory: str | os.PathLike[str]) -> list[int] | None:
+    """The sizes a Matryoshka embedding model was trained to be cut to (bertforge's
+    ``matryoshka_dims`` in ``config_sentence_transformers.json``, e.g. [256, 128, 64]); None for
+    a model trained at its full size only (no file, no key, or null)."""
+    found = _st_config(directory)
+    dims = found[0].get(MATRYOSHKA_KEY) if found else None
+    if dims is None:
+        return None
+    if (not isinstance(dims, list) or not dims or len(set(map(str, dims))) != len(dims)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)):
+        raise ConfigError(f"{found[1]}: {MATRYOSHKA_KEY} must list distinct sizes >= 1 (e.g. "
+                          f"[256, 128, 64]) or be null, got {json.dumps(dims)[:80]}; fix the file")
+    return list(dims)
+
+
 def copy_sentence_transformers_files(source: str | os.PathLike[str],
                                      target: str | os.PathLike[str]) -> list[str]:
     """Copy what a sentence-transformers directory says about its vectors (``modules.json``,
-    ``sentence_bert_config.json``, the pooling module's config, the normalize module's folder)
-    from ``source`` to ``target``, so a copy of its model in another format (an ONNX export)
-    is read with the same pooling, normalization and input limit. Returns the paths written,
-    relative to ``target``; none for a directory without them."""
+    ``sentence_bert_config.json``, ``config_sentence_transformers.json`` with its prompts and
+    Matryoshka sizes, the pooling module's config, the normalize module's folder) from
+    ``source`` to ``target``, so a copy of its model in another format (an ONNX export) is read
+    with the same pooling, normalization, prompts, sizes and input limit. Returns the paths
+    written, relative to ``target``; none for a directory without them."""
     source, target = Path(source), Path(target)
     saved = read_pooling(source)  # checks modules.json and the pooling config
-    saved_max_seq_length(source)  # refuses an unusable limit before anything is copied
-    names = [name for name in (MODULES_FILE, SENTENCE_BERT_CONFIG) if (source / name).is_file()]
+    # Refuse an unusable limit, prompt or size before anything is copied.
+    saved_max_seq_length(source)
+    read_default_prompt_name(source)
+    read_matryoshka_dims(source)
+    names = [name for name in (MODULES_FILE, SENTENCE_BERT_CONFIG, ST_CONFIG)
+             if (source / name).is_file()]
     if saved is not None:
         names.append(str(Path(saved.source).relative_to(source)))
     written = []
@@ -146,14 +214,20 @@ def copy_sentence_transformers_files(source: str | os.PathLike[str],
 
 
 def write_sentence_transformers_files(directory: str | os.PathLike[str], *, pooling: str,
-                                      normalize: bool, dimensions: int,
-                                      max_seq_length: int) -> list[str]:
+                                      normalize: bool, dimensions: int, max_seq_length: int,
+                                      prompts: dict[str, str] | None = None,
+                                      matryoshka_dims: list[int] | None = None,
+                                      default_prompt_name: str | None = None) -> list[str]:
     """Add the sentence-transformers files to a model directory that already holds the
     transformer (config.json, weights, tokenizer): ``modules.json``,
-    ``sentence_bert_config.json``, ``1_Pooling/config.json`` and, with ``normalize``,
-    ``2_Normalize/``. Returns the paths written, relative to ``directory``."""
+    ``sentence_bert_config.json``, ``config_sentence_transformers.json`` (the named
+    ``prompts``, ``default_prompt_name``, cosine similarity and bertforge's
+    ``matryoshka_dims``), ``1_Pooling/config.json`` and, with ``normalize``, ``2_Normalize/``.
+    The arguments are the whole truth: a prompt or size saved before and not given is gone.
+    Returns the paths written, relative to ``directory``."""
     if pooling not in POOLINGS:
         raise ConfigError(f"--pooling must be one of {', '.join(POOLINGS)} (got {pooling!r})")
+    st_config = _model_config(prompts, matryoshka_dims, default_prompt_name, dimensions)
     directory = Path(directory)
     modules = [{"idx": 0, "name": "0", "path": "", "type": _TYPES["transformer"]},
                {"idx": 1, "name": "1", "path": POOLING_DIR, "type": _TYPES["pooling"]}]
@@ -168,20 +242,45 @@ def write_sentence_transformers_files(directory: str | os.PathLike[str], *, pool
     files = {MODULES_FILE: modules,
              SENTENCE_BERT_CONFIG: {"max_seq_length": max_seq_length,
                                            "do_lower_case": False},
+             ST_CONFIG: st_config,
              f"{POOLING_DIR}/config.json": pooling_config}
     for name, payload in files.items():
         write_json_atomic(directory / name, payload, sort_keys=False)
     return [*files, *([f"{NORMALIZE_DIR}/"] if normalize else [])]
 
 
+def _model_config(prompts: dict[str, str] | None, dims: list[int] | None,
+                  default_prompt_name: str | None, dimensions: int) -> dict[str, Any]:
+    """``config_sentence_transformers.json``'s content; ``ConfigError`` for prompts that are
+    not texts and sizes outside 1..``dimensions``."""
+    prompts = dict(prompts or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ConfigError(f"prompts must map names to texts, got {prompts!r}")
+    if default_prompt_name is not None and default_prompt_name not in prompts:
+        raise ConfigError(f"default_prompt_name {default_prompt_name!r} is not one of the "
+                          f"prompts ({', '.join(prompts) or 'none'})")
+    if dims is not None:
+        dims = list(dims)
+        if not dims or len(set(dims)) != len(dims) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= dimensions
+                for d in dims):
+            raise ConfigError(f"matryoshka_dims must list distinct sizes from 1 to the hidden "
+                              f"size {dimensions}, got {dims}")
+    # model_type: the family sentence-transformers 5+ loads it as; older releases ignore it.
+    return {"model_type": "SentenceTransformer", "prompts": prompts,
+            "default_prompt_name": default_prompt_name, "similarity_fn_name": "cosine",
+            MATRYOSHKA_KEY: dims}
+
+
 def export_sentence_transformers(model_dir: str | os.PathLike[str],
                                  output_dir: str | os.PathLike[str], *,
                                  pooling: str | None = None,
                                  normalize: bool | None = None) -> list[str]:
-    """Write the encoder of a BERT or ModernBERT model directory (any head: the head is left out) to a new
-    ``output_dir`` that ``sentence_transformers.SentenceTransformer(output_dir)`` loads as it
-    is. ``pooling`` (mean or cls) and ``normalize`` default to what ``model_dir`` was saved
-    with (its own sentence-transformers files), else mean and no normalization.
+    """Write the encoder of a BERT or ModernBERT model directory (any head: the head is left
+    out) to a new ``output_dir`` that ``sentence_transformers.SentenceTransformer(output_dir)``
+    loads as it is. ``pooling`` (mean, cls or last) and ``normalize`` default to what
+    ``model_dir`` was saved with (its own sentence-transformers files), else mean and no
+    normalization; its saved prompts and Matryoshka sizes are kept.
 
     The output is built under a hidden name and renamed when complete, so a failed export
     leaves nothing; an existing non-empty ``output_dir`` is refused. Returns the files written.
@@ -241,13 +340,16 @@ def _write_encoder(model_dir: Path, work: Path, pooling: str, normalize: bool) -
     saved = saved_max_seq_length(model_dir)
     length = min(tokenizer.model_max_length, config.max_position_embeddings,
                  saved if saved is not None else tokenizer.model_max_length)
-    extra = write_sentence_transformers_files(work, pooling=pooling, normalize=normalize,
-                                              dimensions=config.hidden_size,
-                                              max_seq_length=length)
+    extra = write_sentence_transformers_files(
+        work, pooling=pooling, normalize=normalize, dimensions=config.hidden_size,
+        max_seq_length=length, prompts=read_prompts(model_dir),
+        matryoshka_dims=read_matryoshka_dims(model_dir),
+        default_prompt_name=read_default_prompt_name(model_dir))
     return sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()) + [
         e for e in extra if e.endswith("/")]
 
 
-__all__ = ["POOLINGS", "SENTENCE_BERT_CONFIG", "SavedPooling", "copy_sentence_transformers_files",
-           "export_sentence_transformers", "read_pooling", "saved_max_seq_length",
-           "write_sentence_transformers_files"]
+__all__ = ["MATRYOSHKA_KEY", "POOLINGS", "SENTENCE_BERT_CONFIG", "ST_CONFIG", "SavedPooling",
+           "copy_sentence_transformers_files", "export_sentence_transformers",
+           "read_default_prompt_name", "read_matryoshka_dims", "read_pooling", "read_prompts",
+           "saved_max_seq_length", "write_sentence_transformers_files"]

@@ -7,13 +7,20 @@ the text-classification pipeline) submitted to that pipeline's dynamic batcher, 
 one schema with the field named as the client wrote it (``input[2]``, ``texts[0]``).
 
 OpenAI: ``{"input": "text" | ["a", "b"], "model"?, "encoding_format"?: "float" | "base64",
-"dimensions"?, "user"?, "normalize"?, "truncate"?}`` -> ``{"object": "list", "data":
-[{"object": "embedding", "index": i, "embedding": [...] | base64}], "model", "usage":
+"dimensions"?, "user"?, "normalize"?, "truncate"?, "prompt_name"?}`` -> ``{"object": "list",
+"data": [{"object": "embedding", "index": i, "embedding": [...] | base64}], "model", "usage":
 {"prompt_tokens", "total_tokens"}}``. ``model`` is accepted and not checked (clients send their
-own default names); base64 is the little-endian float32 bytes, as OpenAI sends them;
-``dimensions`` must equal the model's hidden size. ``normalize`` defaults to the pipeline's
-(the model's saved sentence-transformers setting, else off) and ``truncate`` to the server's
-``--truncation``.
+own default names); base64 is the little-endian float32 bytes, as OpenAI sends them.
+``dimensions``: for a Matryoshka model (sizes saved with it) any size from 1 to the hidden
+size, the vectors cut to it and then normalized when normalizing; for any other model only the
+hidden size. ``normalize`` defaults to the pipeline's (the model's saved sentence-transformers
+setting, else off), ``truncate`` to the server's ``--truncation``, ``prompt_name`` (bertforge's,
+as TEI's: a saved prompt such as "query" put before every input) to the saved default prompt,
+usually none.
+
+TEI's ``/embed`` takes ``inputs``, ``normalize`` (default true), ``truncate``,
+``truncation_direction`` ("right" only), ``prompt_name`` and ``dimensions``, with the same
+meanings.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from bertforge.core.kinds import json_kind
-from bertforge.inference.pipelines import Pipeline
+from bertforge.inference.pipelines import InputError, Pipeline
+from bertforge.inference.pipelines.features import check_dimensions
 from bertforge.serve.answering import answer_items
 from bertforge.serve.batching import DynamicBatcher
 from bertforge.serve.disclosure import model_name
@@ -33,8 +41,12 @@ from bertforge.serve.limits import ApiError
 from bertforge.serve.settings import ServeSettings
 
 OPENAI_FIELDS = ("input", "model", "encoding_format", "dimensions", "user", "normalize",
-                 "truncate")
-EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction")
+                 "truncate", "prompt_name")
+EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction", "prompt_name",
+                "dimensions")
+# The item fields a request sets for all its texts, named as the request names them.
+_REQUEST_OPTIONS = {"normalize": "normalize", "truncate": "truncate",
+                    "prompt_name": "prompt_name", "dimensions": "dimensions"}
 ENCODINGS = ("float", "base64")
 
 
@@ -125,9 +137,28 @@ def check_direction(body: Mapping[str, Any]) -> None:
 
 
 def item_options(body: Mapping[str, Any], normalize: bool | None) -> dict[str, Any]:
-    """The feature-extraction item fields a request sets (absent: the pipeline's defaults)."""
-    options = {"normalize": normalize, "truncate": flag(body, "truncate", None)}
+    """The feature-extraction item fields a request sets (absent: the pipeline's defaults);
+    ``prompt_name`` is checked by the pipeline, against the model's saved prompts."""
+    options = {"normalize": normalize, "truncate": flag(body, "truncate", None),
+               "prompt_name": body.get("prompt_name")}
     return {k: v for k, v in options.items() if v is not None}
+
+
+def check_size(body: Mapping[str, Any], described: Mapping[str, Any]) -> int | None:
+    """The request's ``dimensions`` (None: absent), by the rule of the served extractor
+    (``described``: its ``describe()``): 1 to the hidden size for a Matryoshka model, else the
+    hidden size only; a 422 naming ``dimensions`` otherwise."""
+    value = body.get("dimensions")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError(422, f"dimensions must be a whole number, got {got(value)}",
+                       "dimensions")
+    try:
+        check_dimensions(value, described.get("dimensions"), described.get("matryoshka_dims"))
+    except InputError as exc:
+        raise ApiError(422, f"dimensions {exc.message}", "dimensions") from None
+    return value
 
 
 # --- the routes' work ----------------------------------------------------------------------------
@@ -139,17 +170,22 @@ class EmbeddingApi:
     def __init__(self, extractor: Pipeline, batcher: DynamicBatcher,
                  settings: ServeSettings) -> None:
         self.extractor, self.batcher, self.settings = extractor, batcher, settings
-        described = extractor.describe()
-        self.dimensions = described.get("dimensions")
-        self.model_name = model_name(described.get("model", "model"))
+        self.described = extractor.describe()
+        self.prompts = self.described.get("prompts") or {}
+        self.model_name = model_name(self.described.get("model", "model"))
 
-    async def vectors(self, texts: list[tuple[str, str]], options: Mapping[str, Any],
+    async def vectors(self, texts: list[tuple[str, str]],
+                      options: Mapping[str, Any] | list[Mapping[str, Any]],
                       route: str) -> tuple[list[list[float]], int]:
-        """The embedding of every ``(field name, text)`` and the tokens they took."""
-        items = [(name, {"text": text, **options}) for name, text in texts]
-        # A text is the request's value itself: an error names it as sent ("input[1]").
+        """The embedding of every ``(field name, text)`` and the tokens they took; ``options``
+        are the item fields of every text, or a list of each text's own."""
+        each = options if isinstance(options, list) else [options] * len(texts)
+        items = [(name, {"text": text, **own}) for (name, text), own in zip(texts, each)]
+        # A text is the request's value itself: an error names it as sent ("input[1]"); an
+        # option is the request's own field ("prompt_name").
         results, costs = await answer_items(self.extractor, self.batcher, items, self.settings,
-                                            True, route=route, names={"text": None})
+                                            True, route=route,
+                                            names={"text": None, **_REQUEST_OPTIONS})
         return [r["embedding"] for r in results], sum(costs)
 
     async def openai(self, body: Any) -> dict:
@@ -164,14 +200,7 @@ class EmbeddingApi:
         if not isinstance(encoding, str) or encoding not in ENCODINGS:
             raise ApiError(422, f"encoding_format must be float or base64, got {got(encoding)}",
                            "encoding_format")
-        dimensions = body.get("dimensions")
-        if dimensions is not None and (dimensions != self.dimensions or
-                                       not isinstance(dimensions, int) or
-                                       isinstance(dimensions, bool)):
-            raise ApiError(422, f"dimensions must be this model's {self.dimensions} (its "
-                                f"vectors are not shortened), got {got(dimensions)}; leave it "
-                                "out", "dimensions")
-        options = item_options(body, flag(body, "normalize", None))
+        options = self.options(body, flag(body, "normalize", None))
         vectors, tokens = await self.vectors(texts, options, "/v1/embeddings")
         data = [{"object": "embedding", "index": i,
                  "embedding": _base64(v) if encoding == "base64" else v}
@@ -184,9 +213,14 @@ class EmbeddingApi:
         body = check_fields(body, EMBED_FIELDS)
         check_direction(body)
         texts, _ = texts_field(body, "inputs", self.settings)
-        options = item_options(body, flag(body, "normalize", True))
+        options = self.options(body, flag(body, "normalize", True))
         vectors, _ = await self.vectors(texts, options, "/embed")
         return vectors
+
+    def options(self, body: Mapping[str, Any], normalize: bool | None) -> dict[str, Any]:
+        """``item_options`` with the request's checked ``dimensions``."""
+        size = check_size(body, self.described)
+        return {**item_options(body, normalize), **({"dimensions": size} if size else {})}
 
 
 def _base64(vector: list[float]) -> str:
@@ -194,4 +228,4 @@ def _base64(vector: list[float]) -> str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
-__all__ = ["EmbeddingApi", "check_fields", "got", "texts_field"]
+__all__ = ["EmbeddingApi", "check_fields", "check_size", "got", "item_options", "texts_field"]

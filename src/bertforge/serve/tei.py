@@ -5,13 +5,17 @@ pipelines (``/embed`` is :class:`bertforge.serve.embeddings.EmbeddingApi`'s).
 "truncate"?}`` -> ``[{"index", "score", "text"?}]``, best first. How a pair is scored depends
 on the served model (``GET /info`` says which, under ``rerank``):
 
-* ``cross-encoder``: the model is a text-classification model with one output, scored
-  ``sigmoid(logit)`` (``raw_scores``: the logit), or a two-class classifier fine-tuned on a GLUE
+* ``cross-encoder``: the model is a reranker (a text-ranking model, ``finetuning_task``
+  "text-ranking") or a text-classification model with one output, scored ``sigmoid(logit)``
+  as sentence-transformers' ``CrossEncoder.predict`` (``raw_scores``: the logit), or a
+  two-class classifier fine-tuned on a GLUE
   sentence-pair task (mrpc, qqp, qnli, rte, wnli; config.json's ``finetuning_task``), scored by
   the probability of its matching class (equivalent, duplicate, entailment; ``raw_scores``: that
   class's logit minus the other's). The pair ``(query, text)`` runs through the classifier.
 * ``bi-encoder``: any other model with embeddings served: the cosine similarity of the query's
-  and the text's vectors (``raw_scores`` changes nothing).
+  and the text's vectors (``raw_scores`` changes nothing), each with its saved prompt when the
+  model has them ("query", "document": as sentence-transformers' ``encode_query`` and
+  ``encode_document``).
 
 ``POST /tokenize`` ``{"inputs": str | [str], "add_special_tokens"?: true}`` -> per input a list
 of ``{"id", "text", "special", "start", "stop"}``: ``start``/``stop`` are character offsets in
@@ -67,6 +71,8 @@ def rerank_mode(pipeline: Pipeline, embeddings: EmbeddingApi | None) -> tuple[st
     """``("cross-encoder" | "bi-encoder" | None, how pairs are scored)`` for the served task
     pipeline and embeddings (see the module notes)."""
     described = pipeline.describe()
+    if described.get("task") == "text-ranking":
+        return "cross-encoder", "sigmoid of the reranker's score for (query, text)"
     if described.get("task") == "text-classification":
         if described.get("regression"):
             return "cross-encoder", "sigmoid of the classifier's one output for (query, text)"
@@ -122,6 +128,8 @@ class TeiApi:
         results, _ = await answer_items(self.pipeline, self.batcher, items, self.settings, True,
                                         route="/rerank", names={"text": "query",
                                                                 "text_pair": None})
+        if "logit" in results[0]:  # a reranker: score = sigmoid(logit)
+            return [r["logit"] if raw else r["score"] for r in results]
         if self.label is None:  # one output: its logit
             return [r["score"] if raw else _sigmoid(r["score"]) for r in results]
         scores = []
@@ -136,8 +144,11 @@ class TeiApi:
                        body: Mapping[str, Any]) -> list[float]:
         assert self.embeddings is not None
         options = item_options(body, True)
-        vectors, _ = await self.embeddings.vectors([("query", query), *texts], options,
-                                                   "/rerank")
+        prompts = self.embeddings.prompts
+        # The query and the texts, each as the model was trained to read them (its prompts).
+        each = [{**options, **_prompt(prompts, "query")},
+                *[{**options, **_prompt(prompts, "document")}] * len(texts)]
+        vectors, _ = await self.embeddings.vectors([("query", query), *texts], each, "/rerank")
         first = vectors[0]
         return [float(sum(a * b for a, b in zip(first, v))) for v in vectors[1:]]
 
@@ -175,6 +186,8 @@ class TeiApi:
             "model_type": self._model_type(described, extractor),
             "task": described.get("task"), "pooling": extractor.get("pooling"),
             "normalize": extractor.get("normalize"), "dimensions": extractor.get("dimensions"),
+            "matryoshka_dims": extractor.get("matryoshka_dims"),
+            "prompts": extractor.get("prompts"),
             "rerank": self.mode, "rerank_scoring": self.scoring,
             "max_input_length": described.get("max_length"),
             "truncation": described.get("truncation"),
@@ -191,7 +204,7 @@ class TeiApi:
         embedder, or the task itself where TEI has no kind for it (``{"fill-mask": {}}``)."""
         spec = get_task(str(described.get("task")))
         kind = (spec.serving.tei_kind if spec.serving is not None else None) or spec.name
-        if kind == "classifier":
+        if kind in ("classifier", "reranker"):
             labels = described.get("labels") or ["LABEL_0"]
             kind = "reranker" if self.mode == "cross-encoder" else "classifier"
             return {kind: {"id2label": {str(i): n for i, n in enumerate(labels)},
@@ -232,6 +245,11 @@ def add_tei_routes(app: FastAPI, api: TeiApi, protect: list, embed_unavailable: 
     async def info() -> dict:
         return paths.public(api.info(sorted({r.path for r in app.routes if "POST" in getattr(
             r, "methods", ()) and r.path.startswith(("/v1/", "/embed", "/rerank", "/tok"))})))
+
+
+def _prompt(prompts: Mapping[str, str], name: str) -> dict[str, str]:
+    """The item field asking for saved prompt ``name``, when the model has one."""
+    return {"prompt_name": name} if name in prompts else {}
 
 
 def _sigmoid(x: float) -> float:

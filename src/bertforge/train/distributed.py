@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bertforge.core.numbers import ascii_int
-from bertforge.errors import CollectiveTimeout, ConfigError, RunError, UserError
+from bertforge.errors import CollectiveTimeout, ConfigError, DataError, RunError, UserError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -235,6 +235,73 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     if not dist.is_initialized():
         return t
     return all_reduce_sum(t) / dist.get_world_size()
+
+
+def _all_gather_rows(out: torch.Tensor, t: torch.Tensor) -> None:
+    """``out`` (W*B, ...) := every rank's ``t`` (B, ...) in rank order (gloo and NCCL alike).
+    torch 2.13 renamed ``all_gather_into_tensor`` to ``all_gather_single``; 2.6 has only the
+    former."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, t)
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """(W*B, ...) every rank's rows in rank order; backward: this rank's rows of the gradient
+    summed over ranks (every rank's loss read every rank's rows)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        world, rank = dist.get_world_size(), dist.get_rank()
+        out = t.new_empty((world * t.shape[0], *t.shape[1:]))
+        _all_gather_rows(out, t.contiguous())
+        ctx.rows = slice(rank * t.shape[0], (rank + 1) * t.shape[0])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        # A SUM (not a mean): DDP then averages the parameter gradients over ranks. all_reduce
+        # rather than reduce_scatter, which gloo lacks; a copy, as autograd may share ``grad``.
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total[ctx.rows]
+
+
+_MAX_DIMS = 8  # the shape check sends every rank's shape padded to this many dims
+
+
+def _check_same_shape(t: torch.Tensor) -> None:
+    """Raise a DataError naming the shapes when the ranks' ``t`` differ in shape (one tiny
+    all-gather; on a GPU its answer is read back: one host sync)."""
+    if not 1 <= t.dim() <= _MAX_DIMS:
+        raise ValueError(f"all_gather_with_grad takes 1 to {_MAX_DIMS} dims, got {t.dim()}")
+    padded = [t.dim(), *t.shape, *[-1] * (_MAX_DIMS - t.dim())]
+    mine = torch.tensor(padded, dtype=torch.int64).to(t.device)  # (1 + _MAX_DIMS,)
+    every = mine.new_empty(dist.get_world_size() * (_MAX_DIMS + 1))
+    _all_gather_rows(every, mine)
+    shapes = [tuple(row[1:row[0] + 1]) for row in every.view(-1, _MAX_DIMS + 1).tolist()]
+    if any(shape != shapes[0] for shape in shapes):
+        listed = ", ".join(f"rank {r} {s}" for r, s in enumerate(shapes))
+        raise DataError(f"all_gather_with_grad: the ranks passed different shapes ({listed}); "
+                        "every rank must pass the same: use a fixed micro-batch size and drop "
+                        "the last, smaller batch (drop_last)")
+
+
+def all_gather_with_grad(t: torch.Tensor, check_shapes: bool = True) -> torch.Tensor:
+    """Every rank's ``t`` (B, ...) concatenated along dim 0 in rank order, (W*B, ...), with
+    gradients flowing back to the rank that owns each row; ``t`` itself without
+    torch.distributed (or with one rank).
+
+    Every rank must pass the same shape. ``check_shapes`` verifies that first, with one tiny
+    all-gather (a host sync on a GPU), and names the shapes when they differ; pass False where
+    a fixed micro-batch guarantees it (a mismatch then fails or hangs in the collective).
+    Backward sums the incoming gradient over ranks (all-reduce) and keeps this rank's rows:
+    right for a loss averaged by DDP, whose mean over ranks then gives one process's gradient.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return t
+    if check_shapes:
+        _check_same_shape(t)
+    return _GatherWithGrad.apply(t)
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:

@@ -1,4 +1,5 @@
-"""Encoder tasks: sequence and token classification, fill-mask, feature extraction."""
+"""Encoder tasks: sequence and token classification, reranking (text pairs scored by a
+cross-encoder), fill-mask. Feature extraction (embeddings) is ``features.py``'s."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from bertforge.data.finetuning.labels import LabelMap
 from bertforge.errors import ConfigError
@@ -71,10 +71,14 @@ class TextClassificationPipeline(Pipeline):
         text, pair = _text(item, "text"), _text(item, "text_pair", required=False)
         return TextRequest(text, *encode_item(self, text, pair, _flag(item, "truncate")))
 
+    def logits(self, requests: Sequence[TextRequest]) -> np.ndarray:
+        """(B, num_labels) float32 logits of ``requests`` run as one padded batch."""
+        return _logits(self.forward(self.pad([r.window for r in requests])).logits)
+
     def run(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
             return []
-        logits = _logits(self.forward(self.pad([r.window for r in requests])).logits)  # (B, L)
+        logits = self.logits(requests)  # (B, L)
         if self.labels is None:
             return [self.mark({"score": float(row[0])}, r) for r, row in zip(requests, logits)]
         results = []
@@ -95,6 +99,56 @@ class TextClassificationPipeline(Pipeline):
     def format_line(self, result: dict) -> str:
         return (f"{result['label']}  {result['score']:.4f}" if "label" in result
                 else f"score {result['score']:.4f}")
+
+
+@dataclass
+class TextRankingPipeline(TextClassificationPipeline):
+    """A reranker (cross-encoder): how relevant a passage (``text_pair``) is to a query
+    (``text``), from the model's one output for the pair: ``{"score": sigmoid(logit),
+    "logit": logit}``, what sentence-transformers' ``CrossEncoder.predict`` gives a one-label
+    model (its default activation). ``text`` alone may hold ``query<TAB>passage`` (a line of
+    ``bertforge predict rerank``'s input). An item may ask for its own ``truncate``."""
+
+    def __post_init__(self) -> None:
+        if self.config.num_labels != 1:
+            raise ConfigError(f"{self.model_dir}/config.json has num_labels="
+                              f"{self.config.num_labels}; a text-ranking model (a reranker) "
+                              "has one output, the pair's relevance: load it as "
+                              "text-classification")
+        self.labels = None
+
+    def parse(self, item: Mapping[str, Any]) -> TextRequest:
+        item = _fields(item, self.fields)
+        query, passage = _text(item, "text"), _text(item, "text_pair", required=False)
+        if passage is None:
+            query, tab, passage = query.partition("\t")
+            if not (tab and query.strip() and passage.strip()):
+                raise InputError("text_pair", "is required: the passage to score against "
+                                 "{text}, the query (or send {text} as query<TAB>passage)",
+                                 refers=("text",))
+        return TextRequest(query, *encode_item(self, query, passage, _flag(item, "truncate")))
+
+    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
+        if not requests:
+            return []
+        logits = self.logits(requests)[:, 0].astype(np.float64)  # (B,)
+        scores = 1.0 / (1.0 + np.exp(-logits))
+        return [self.mark({"score": float(s), "logit": float(x)}, r)
+                for r, s, x in zip(requests, scores, logits)]
+
+    def describe(self) -> dict:
+        described = {**super().describe(), "scoring": "sigmoid of the logit for (text, "
+                     "text_pair)"}
+        for key in ("labels", "regression"):
+            described.pop(key, None)
+        return described
+
+    def example(self) -> dict:
+        return {"text": "how tall is the eiffel tower",
+                "text_pair": "The Eiffel Tower is 330 metres tall."}
+
+    def format_line(self, result: dict) -> str:
+        return f"score {result['score']:.4f}  (logit {result['logit']:.4f})"
 
 
 # --- token classification ------------------------------------------------------------------------
@@ -220,84 +274,3 @@ class FillMaskPipeline(Pipeline):
     def format_line(self, result: dict) -> str:
         return "\n".join("  ".join(f"{c['token']} {c['score']:.4f}" for c in candidates)
                          for candidates in result["masks"])
-
-
-# --- feature extraction --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EmbedRequest(TextRequest):
-    """A text to embed, with the item's own ``normalize`` (None: the pipeline's)."""
-
-    normalize: bool | None = None
-
-
-@dataclass
-class FeatureExtractionPipeline(Pipeline):
-    """One vector per text from the encoder's last hidden states: their mean over the real
-    tokens (``pooling="mean"``, as sentence-transformers) or the first token's ([CLS]/<s>,
-    ``"cls"``).
-
-    ``pooling`` and ``normalize`` default to what the model directory was saved with for
-    sentence-transformers (``modules.json``, ``1_Pooling/config.json``, a Normalize module;
-    ``bertforge export sentence-transformers`` writes them), else mean pooling, unnormalized.
-    An item may ask for its own ``normalize`` and ``truncate`` (cut to ``max_length`` instead of
-    an error)."""
-
-    fields: ClassVar[tuple[str, ...]] = ("text", "normalize", "truncate")
-    options: ClassVar[tuple[str, ...]] = ("pooling", "normalize")
-    pooling: str | None = None  # None: the directory's saved pooling, else "mean"
-    normalize: bool | None = None  # unit-length vectors (cosine similarity = dot); None: saved
-
-    def __post_init__(self) -> None:
-        from bertforge.export.sentence_transformers import POOLINGS, read_pooling
-
-        saved = read_pooling(self.model_dir)
-        where = ""
-        if self.pooling is None:
-            self.pooling = saved.pooling if saved is not None else "mean"
-            where = (f" (from {saved.source}; pass pooling=, or serve with --no-embeddings)"
-                     if saved is not None else "")
-        if self.normalize is None:
-            self.normalize = bool(saved is not None and saved.normalize)
-        if self.pooling not in POOLINGS:
-            raise ConfigError(f"pooling must be {' or '.join(POOLINGS)}, got {self.pooling!r}"
-                              f"{where}")
-
-    def parse(self, item: Mapping[str, Any]) -> EmbedRequest:
-        item = _fields(item, self.fields)
-        text = _text(item, "text")
-        window, cut = encode_item(self, text, None, _flag(item, "truncate"))
-        return EmbedRequest(text, window, cut, normalize=_flag(item, "normalize"))
-
-    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
-        if not requests:
-            return []
-        inputs = self.pad([r.window for r in requests])
-        out = self.forward(inputs)
-        hidden = _logits(out if torch.is_tensor(out) or isinstance(out, np.ndarray)
-                         else out.last_hidden_state)  # (B, S, H)
-        if self.pooling == "cls":
-            vectors = hidden[:, 0]
-        else:
-            mask = inputs["attention_mask"].cpu().numpy()[..., None].astype(np.float32)
-            vectors = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)  # (B, H)
-        # Each request's own normalize, else the pipeline's: (B,) bool.
-        wanted = np.array([self.normalize if getattr(r, "normalize", None) is None
-                           else r.normalize for r in requests])
-        norms = np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        vectors = np.where(wanted[:, None], vectors / norms, vectors)
-        return [self.mark({"embedding": v.tolist(), "pooling": self.pooling}, r)
-                for v, r in zip(vectors, requests)]
-
-    def describe(self) -> dict:
-        return {**super().describe(), "pooling": self.pooling, "normalize": self.normalize,
-                "dimensions": self.config.hidden_size}
-
-    def example(self) -> dict:
-        return {"text": "A sentence to embed."}
-
-    def format_line(self, result: dict) -> str:
-        vector = result["embedding"]
-        shown = ", ".join(f"{x:.4f}" for x in vector[:6])
-        return f"[{shown}, ...] ({len(vector)} dimensions, {result['pooling']} pooling)"

@@ -1,0 +1,160 @@
+"""Feature extraction: one vector per text, as sentence-transformers computes it from a model
+directory's saved pooling, normalization, prompts and Matryoshka sizes
+(``bertforge.export.sentence_transformers`` reads and writes them)."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from bertforge.core.kinds import json_kind
+from bertforge.errors import ConfigError
+from bertforge.inference.pipelines.base import (InputError, Pipeline, TextRequest, _fields,
+                                                _flag, _logits, _text)
+from bertforge.inference.pipelines.encoders import encode_item
+from bertforge.ops.pooling import POOLINGS, finish, pool
+
+
+def check_dimensions(value: Any, hidden: int, matryoshka: Sequence[int] | None) -> int | None:
+    """The vector size an item asks for: None for the whole ``hidden`` size; with Matryoshka
+    sizes saved (the model was trained to be cut), any size from 1 to ``hidden``, else only
+    ``hidden`` itself. ``InputError`` on ``dimensions`` otherwise (the server's rule too)."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise InputError("dimensions", f"must be a whole number, got {json_kind(value)}")
+    value = int(value)
+    if matryoshka is None and value != hidden:
+        raise InputError("dimensions", f"must be this model's {hidden} (its vectors are not "
+                         "shortened: it was trained without Matryoshka sizes), got "
+                         f"{value}; leave it out")
+    if not 1 <= value <= hidden:
+        raise InputError("dimensions", f"must be from 1 to this model's {hidden} (it was "
+                         f"trained to be cut to {', '.join(map(str, matryoshka or ()))}), got "
+                         f"{value}")
+    return None if value == hidden else value
+
+
+@dataclass(frozen=True)
+class EmbedRequest(TextRequest):
+    """A text to embed (its saved prompt put before it), with the item's own ``normalize``
+    (None: the pipeline's) and vector size (None: the hidden size)."""
+
+    normalize: bool | None = None
+    dimensions: int | None = None
+
+
+@dataclass
+class FeatureExtractionPipeline(Pipeline):
+    """One vector per text from the encoder's last hidden states (``bertforge.ops.pooling``):
+    their mean over the real tokens (``pooling="mean"``, as sentence-transformers), the first
+    token's ([CLS]/<s>, ``"cls"``) or the last real token's (``"last"``).
+
+    ``pooling`` and ``normalize`` default to what the model directory was saved with for
+    sentence-transformers (``modules.json``, ``1_Pooling/config.json``, a Normalize module;
+    ``bertforge export sentence-transformers`` writes them), else mean pooling, unnormalized.
+    The directory's ``config_sentence_transformers.json`` gives its named prompts and its
+    Matryoshka sizes. An item may ask for its own ``normalize``, ``truncate`` (cut to
+    ``max_length`` instead of an error), ``prompt_name`` (a saved prompt put before the text,
+    its tokens counted in ``max_length``; absent: the saved default prompt, usually none) and
+    ``dimensions`` (a Matryoshka model's vectors cut to that size, then normalized)."""
+
+    fields: ClassVar[tuple[str, ...]] = ("text", "normalize", "truncate", "prompt_name",
+                                         "dimensions")
+    options: ClassVar[tuple[str, ...]] = ("pooling", "normalize")
+    pooling: str | None = None  # None: the directory's saved pooling, else "mean"
+    normalize: bool | None = None  # unit-length vectors (cosine similarity = dot); None: saved
+    prompts: dict[str, str] = field(init=False, default_factory=dict)
+    default_prompt_name: str | None = field(init=False, default=None)
+    matryoshka_dims: list[int] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        import bertforge.export.sentence_transformers as st
+
+        saved = st.read_pooling(self.model_dir)
+        where = ""
+        if self.pooling is None:
+            self.pooling = saved.pooling if saved is not None else "mean"
+            where = (f" (from {saved.source}; pass pooling=, or serve with --no-embeddings)"
+                     if saved is not None else "")
+        if self.normalize is None:
+            self.normalize = bool(saved is not None and saved.normalize)
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"pooling must be {' or '.join(POOLINGS)}, got {self.pooling!r}"
+                              f"{where}")
+        self.prompts = st.read_prompts(self.model_dir)
+        self.default_prompt_name = st.read_default_prompt_name(self.model_dir)
+        self.matryoshka_dims = st.read_matryoshka_dims(self.model_dir)
+        hidden = self.config.hidden_size
+        if self.matryoshka_dims is not None and max(self.matryoshka_dims) > hidden:
+            raise ConfigError(f"{self.model_dir / st.ST_CONFIG}: {st.MATRYOSHKA_KEY} "
+                              f"{self.matryoshka_dims} go past the model's hidden size "
+                              f"{hidden}; keep sizes from 1 to {hidden}")
+
+    def prompt(self, name: Any) -> str:
+        """The text of saved prompt ``name`` (None: the default prompt's, else none)."""
+        if name is None:
+            return self.prompts.get(self.default_prompt_name or "", "")
+        if not isinstance(name, str):
+            raise InputError("prompt_name", f"must be a string, got {json_kind(name)}")
+        if name not in self.prompts:
+            saved = (f"its prompts: {', '.join(self.prompts)}" if self.prompts else
+                     "it has none (config_sentence_transformers.json lists no prompts)")
+            raise InputError("prompt_name", f"{name!r} is not a prompt of this model; "
+                             f"{saved}")
+        return self.prompts[name]
+
+    def parse(self, item: Mapping[str, Any]) -> EmbedRequest:
+        item = _fields(item, self.fields)
+        text = _text(item, "text")
+        # The prompt is part of the input, as sentence-transformers prepends it: it takes
+        # tokens of max_length and is pooled with the text.
+        prompted = self.prompt(item.get("prompt_name")) + text
+        dims = check_dimensions(item.get("dimensions"), self.config.hidden_size,
+                                self.matryoshka_dims)
+        window, cut = encode_item(self, prompted, None, _flag(item, "truncate"))
+        return EmbedRequest(text, window, cut, normalize=_flag(item, "normalize"),
+                            dimensions=dims)
+
+    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
+        if not requests:
+            return []
+        inputs = self.pad([r.window for r in requests])
+        out = self.forward(inputs)
+        hidden = out if torch.is_tensor(out) or isinstance(out, np.ndarray) else (
+            out.last_hidden_state)  # (B, S, H)
+        # Pooled in fp32 where the model ran (autocast's bf16 upcast on its device; an ONNX
+        # backend's numpy on the CPU): only the (B, H) vectors come back to the host.
+        hidden = hidden.float() if torch.is_tensor(hidden) else torch.from_numpy(
+            _logits(hidden))
+        mask = inputs["attention_mask"].to(hidden.device)  # (B, S)
+        vectors = pool(hidden, mask, self.pooling).cpu()  # (B, H)
+        results = []
+        for r, row in zip(requests, vectors):
+            wanted = getattr(r, "normalize", None)
+            vector = finish(row[None], self.normalize if wanted is None else wanted,
+                            getattr(r, "dimensions", None))[0]
+            results.append(self.mark({"embedding": vector.tolist(), "pooling": self.pooling},
+                                     r))
+        return results
+
+    def describe(self) -> dict:
+        return {**super().describe(), "pooling": self.pooling, "normalize": self.normalize,
+                "dimensions": self.config.hidden_size, "matryoshka_dims": self.matryoshka_dims,
+                "prompts": dict(self.prompts), "default_prompt_name": self.default_prompt_name}
+
+    def example(self) -> dict:
+        return {"text": "A sentence to embed."}
+
+    def format_line(self, result: dict) -> str:
+        vector = result["embedding"]
+        shown = ", ".join(f"{x:.4f}" for x in vector[:6])
+        return f"[{shown}, ...] ({len(vector)} dimensions, {result['pooling']} pooling)"
+
+
+__all__ = ["EmbedRequest", "FeatureExtractionPipeline", "check_dimensions"]
