@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, metadata, write_result
+from embedding_bench import headline as embedding_headline
 from suite_speed import (cpu_only, finetune_epoch_headline, quality_headline, server_rows,
                          speed_goals)
 
@@ -103,6 +104,11 @@ def cpu_entries(quick: bool) -> list[Entry]:
               "finetune-epoch", output_flag="--out",
               note="SQuAD v1.1, MiniLM: a quarter epoch of 1,500 questions (the same steps on "
                    "both sides), then the whole held-out evaluation"),
+        Entry("embedding", "embedding_bench.py",
+              ["--max-rows", "64", "--no-heldout"] if quick
+              else ["--max-rows", "320", "--no-baseline"], "embedding", output_flag="--out",
+              note="SQuAD retrieval pairs, MiniLM: sentence-similarity against the "
+                   "sentence-transformers trainer, held-out nDCG@10 (quick: throughput only)"),
         Entry("inference", "inference_bench.py", ["--quick"] if quick else [], "inference"),
         Entry("bart", "bart_bench.py",
               ["--lengths", "random", *(["--rounds", "2", "--gen-texts", "2", "--batch", "4",
@@ -193,7 +199,13 @@ def gpu_entries(quick: bool, args: argparse.Namespace) -> list[Entry]:
               [*epochs, "--task", "squad", "--train-questions", "1500",
                "--epochs", "0.25" if quick else "1"], "finetune-epoch", output_flag="--out",
               note="SQuAD v1.1, bf16 on the GPU: 1,500 training questions, then the held-out "
-                   "evaluation")]
+                   "evaluation"),
+        Entry("embedding", "embedding_bench.py",
+              ["--device", "cuda", "--precision", "bf16",
+               *(["--max-rows", "640", "--no-baseline"] if quick else ["--seeds", "1,2"])],
+              "embedding", output_flag="--out",
+              note="SQuAD retrieval pairs, bf16 on the GPU: a whole epoch, two seeds (quick: 640 "
+                   "rows, one seed)")]
     return entries
 
 
@@ -279,7 +291,7 @@ def headline(kind: str, r: dict) -> dict[str, Any]:
     """Rows (contestant, metric, bertforge, transformers, ratio) and facts from one result file."""
     return {"pretrain": _pretrain, "finetune": _finetune, "bart": _bart,
             "finetune-epoch": finetune_epoch_headline, "quality": quality_headline,
-            "inference": _inference, "prepare": _prepare,
+            "inference": _inference, "prepare": _prepare, "embedding": embedding_headline,
             "loader": _loader, "modernbert": _modernbert}.get(kind, _generic)(r)
 
 
@@ -655,11 +667,11 @@ def main() -> int:
     if args.threads:
         for entry in entries:
             if entry.kind in ("pretrain", "finetune", "finetune-epoch", "inference", "bart",
-                              "modernbert", "quality"):
+                              "modernbert", "quality", "embedding"):
                 entry.args += ["--threads", str(args.threads)]
     if args.bert_model:
         for entry in entries:
-            if entry.kind in ("finetune", "finetune-epoch", "inference"):
+            if entry.kind in ("finetune", "finetune-epoch", "inference", "embedding"):
                 entry.args += ["--model", args.bert_model]
     t0 = time.perf_counter()
     for entry in entries:

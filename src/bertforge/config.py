@@ -465,9 +465,10 @@ class EmbeddingConfig:
                        "temperature 0.05).", run_defining=True)
     symmetric: bool = opt(False, "infonce: also score each positive against all anchors.",
                           run_defining=True)
-    cache_chunk: int = opt(0, "Cached infonce (GradCache): texts per forward pass; memory no "
-                           "longer grows with the batch of negatives, gradients are the same. "
-                           "0 = off.", run_defining=True, minimum=0)
+    cache_chunk: int = opt(0, "Cached pass (GradCache): texts per forward pass, replayed in "
+                           "backward; memory no longer grows with the batch (and its in-batch "
+                           "negatives), the gradients are the same. 0 = off.", run_defining=True,
+                           minimum=0)
     matryoshka_dims: Optional[List[int]] = opt(None, "Train every prefix of these sizes too "
                                                "(e.g. 384 256 128 64); the served `dimensions`.",
                                                run_defining=True)

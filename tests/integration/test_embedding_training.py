@@ -234,3 +234,26 @@ def test_a_modernbert_encoder_trains_into_a_sentence_transformers_model(
     np.testing.assert_allclose(ours, model.encode(texts), atol=1e-5)
     served = pipe([pipe.parse({"text": texts[0], "prompt_name": "query"})])[0]["embedding"]
     np.testing.assert_allclose(served, model.encode_query(texts[:1])[0], atol=1e-5)
+
+
+def test_a_stopped_and_resumed_run_equals_the_straight_run(
+        tiny_encoder: Path, data: dict[str, Path], tmp_path: Path, monkeypatch,
+        stop_after) -> None:
+    """Exact resume with the arranged (no-duplicates) order, the cached pass and a best model:
+    the stopped run's second half draws the same batches and ends with the same bytes."""
+    import bertforge.train.loop
+
+    common = ("--train.epochs=2", "--checkpoint.every=2", "--embedding.cache_chunk=24",
+              f"--data.validation={data['beir']}", "--train.eval_every=3",
+              "--train.global_batch_size=16", "--train.micro_batch_size=16")
+    straight = finetune(tiny_encoder, data["pairs"], tmp_path / "a", *common)
+    monkeypatch.setattr(bertforge.train.loop, "PreemptionFlag", stop_after(5))
+    stopped = finetune(tiny_encoder, data["pairs"], tmp_path / "b", *common)
+    assert not (stopped / "model.safetensors").exists()  # stopped: no final model yet
+    monkeypatch.undo()
+    resumed = finetune(tiny_encoder, data["pairs"], tmp_path / "b", *common)
+    assert ((resumed / "model.safetensors").read_bytes()
+            == (straight / "model.safetensors").read_bytes())
+    for results in ("eval_results.json", "best/eval_results.json"):  # the best survives a stop
+        assert (json.loads((resumed / results).read_text())
+                == json.loads((straight / results).read_text()))

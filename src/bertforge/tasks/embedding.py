@@ -31,7 +31,8 @@ from bertforge.core.io import temp_name, write_json_atomic
 from bertforge.data.batch import Batch, LossOutput, real_tokens
 from bertforge.data.collate.texts import TextGroups
 from bertforge.data.finetuning.pairs import TextRows
-from bertforge.errors import ConfigError
+from bertforge.core.jsonfile import read_json_object
+from bertforge.errors import CheckpointError, ConfigError
 from bertforge.ops.pooling import finish, pool
 from bertforge.tasks import embedding_losses as losses
 from bertforge.tasks.embedding_cache import cached_embeddings
@@ -78,7 +79,6 @@ class SentenceSimilarityTask(FinetuneTask):
             raise ConfigError(f"embedding.matryoshka_dims {list(e.matryoshka_dims)} go beyond "
                               f"the model's {hidden} dimensions")
         self.best: dict[str, Any] | None = None  # metrics of the best evaluation so far
-        self.evaluations = 0
 
     def build_model(self, resume_from: Path | None) -> nn.Module:
         """The encoder; BERT's pooler (a dense layer over [CLS] that no pooling mode reads) is
@@ -86,6 +86,9 @@ class SentenceSimilarityTask(FinetuneTask):
         model = super().build_model(resume_from)
         if getattr(model, "pooler", None) is not None:
             model.pooler.requires_grad_(False)
+        best = self.output_dir() / BEST_DIR / RESULTS_FILE
+        if resume_from is not None and best.is_file():  # the best so far, before the stop
+            self.best = read_json_object(best, error=CheckpointError)
         return model
 
     # -- data ---------------------------------------------------------------------------------
@@ -169,13 +172,16 @@ class SentenceSimilarityTask(FinetuneTask):
     def collect(self, model: nn.Module,
                 autocast: Callable[[], ContextManager]) -> dict[str, Any]:
         metrics = score_validation(self.examples.evaluation, self.embedder(model, autocast))
-        self.evaluations += 1
-        primary = self.spec.primary_metric if self.spec.primary_metric in metrics else \
-            next(iter(metrics))
+        primary = self.primary(metrics)
         if self.cfg.data.train and (self.best is None or metrics[primary] > self.best[primary]):
-            self.best = {**metrics, "evaluation": self.evaluations}
+            self.best = metrics
             self.save_model(model, self.output_dir() / BEST_DIR, metrics)
         return {"metrics": metrics}
+
+    def primary(self, metrics: dict[str, float]) -> str:
+        """The metric that picks the best model: nDCG@10, or Spearman for STS validation."""
+        return self.spec.primary_metric if self.spec.primary_metric in metrics else \
+            next(iter(metrics))
 
     def score(self, outputs: dict[str, Any]) -> dict:
         return dict(outputs["metrics"])
@@ -231,8 +237,9 @@ class SentenceSimilarityTask(FinetuneTask):
     def describe(self, last: dict, validation: dict) -> list[str]:
         lines = super().describe(last, validation)
         lines[-1] = f"  model        {self.cfg.output_dir} (sentence-transformers and Hugging Face)"
-        if self.best is not None and self.evaluations > 1:
-            lines.append(f"  best         evaluation {self.best['evaluation']}: "
+        if self.best is not None:
+            key = self.primary(self.best)
+            lines.append(f"  best         {key} {self.best[key]:.4g}: "
                          f"{self.output_dir() / BEST_DIR}")
         return lines
 
