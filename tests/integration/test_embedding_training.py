@@ -14,41 +14,15 @@ import pytest
 import torch
 
 from bertforge.cli import main
-from bertforge.models import BertConfig, BertModel
-from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer
+from topics import TOPICS, save_tiny_encoder, sentence, write_rows
 
 st = pytest.importorskip("sentence_transformers")
 
-TOPICS = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "pu", "ro", "su", "ti")
-          for b in ("ba", "de", "fo", "gu", "hi", "ja")]  # 48 made-up nouns
-FILLER = "the a of is near by with under over old new small big red blue green".split()
-CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789.,?!:'-")
-
-
-def sentence(rng: random.Random, topic: str, n: int) -> str:
-    words = [rng.choice(FILLER) for _ in range(n)]
-    words.insert(rng.randrange(n + 1), topic)
-    return " ".join(words)
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")
 def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random 2-layer BERT whose vocabulary holds every word of the data (no dropout, so runs
-    compare exactly)."""
-    words = [*TOPICS, *FILLER, "query", "passage", "where", "what"]
-    tok = BertTokenizer(list(dict.fromkeys([*SPECIAL_TOKENS, *CHARS,
-                                            *[f"##{c}" for c in CHARS], *words])))
-    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=256,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    return BertModel(config).save_pretrained(tmp_path_factory.mktemp("enc") / "bert",
-                                             tokenizer=tok)
+    return save_tiny_encoder(tmp_path_factory.mktemp("enc") / "bert")
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +231,19 @@ def test_a_stopped_and_resumed_run_equals_the_straight_run(
     for results in ("eval_results.json", "best/eval_results.json"):  # the best survives a stop
         assert (json.loads((resumed / results).read_text())
                 == json.loads((straight / results).read_text()))
+
+
+def test_a_sentence_transformers_start_keeps_its_max_seq_length(
+        tiny_encoder: Path, data: dict[str, Path], tmp_path: Path) -> None:
+    from bertforge.export.sentence_transformers import export_sentence_transformers
+
+    start = tmp_path / "start"
+    export_sentence_transformers(tiny_encoder, start)
+    config = json.loads((start / "sentence_bert_config.json").read_text())
+    (start / "sentence_bert_config.json").write_text(json.dumps({**config,
+                                                                 "max_seq_length": 40}))
+    out = tmp_path / "out"
+    assert main(["finetune", "--task=embedding", f"--model={start}",
+                 f"--data.train={data['pairs']}", f"--output_dir={out}",
+                 "--train.max_steps=1", "--tensorboard=false"]) == 0
+    assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 40

@@ -10,41 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bertforge.cli import main
-from bertforge.models import BertConfig, BertModel
-from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer
+from topics import TOPICS, save_tiny_encoder, sentence, write_rows
+
+QUERIES = TOPICS[:24]  # half the topics: enough to rank, half the training time
 
 st = pytest.importorskip("sentence_transformers")
 testclient = pytest.importorskip("starlette.testclient")
 
-TOPICS = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "pu", "ro") for b in ("ba", "de", "fo", "gu")]
-FILLER = "the a of is near by with under over old new small big red blue green".split()
-CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789.,?!:'-")
-
-
-def sentence(rng: random.Random, topic: str) -> str:
-    words = [rng.choice(FILLER) for _ in range(4)]
-    words.insert(rng.randrange(5), topic)
-    return " ".join(words)
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
 
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = BertTokenizer(list(dict.fromkeys([*SPECIAL_TOKENS, *CHARS, *[f"##{c}" for c in CHARS],
-                                            *TOPICS, *FILLER, "where"])))
-    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    return BertModel(config).save_pretrained(tmp_path_factory.mktemp("ce") / "bert",
-                                             tokenizer=tok)
+    return save_tiny_encoder(tmp_path_factory.mktemp("ce") / "bert")
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +32,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pointwise, listwise, held_out = [], [], []
     for rows, repeats in ((listwise, 6), (held_out, 1)):
         for _ in range(repeats):
-            for i, topic in enumerate(TOPICS):
-                others = rng.sample([t for t in TOPICS if t != topic], 3)
-                rows.append({"query": f"where {topic}", "positive": sentence(rng, topic),
-                             **{f"negative_{j + 1}": sentence(rng, o)
+            for topic in QUERIES:
+                others = rng.sample([t for t in QUERIES if t != topic], 3)
+                rows.append({"query": f"where {topic}", "positive": sentence(rng, topic, 4),
+                             **{f"negative_{j + 1}": sentence(rng, o, 4)
                                 for j, o in enumerate(others)}})
     for row in listwise:
         pointwise.append({"query": row["query"], "passage": row["positive"], "label": 1})

@@ -258,7 +258,7 @@ def test_ranking_errors(tmp_path: Path) -> None:
     ("e.csv", "anchor,positive\n", ": no rows"),
     ("e.csv", "text,label\nhello,1\n", ": 1 text column(s) (found: 'text', 'label')"),
     ("e.csv", "anchor,positive\na,\n", ":2: field 'positive' is empty"),
-    ("e.csv", "anchor,positive\na,b\nc,d,e\n", ":3: 3 field(s) where the header (line 1)"),
+    ("e.csv", "anchor,positive\na,b\nc,d,e\n", ":3: 3 fields where the header (line 1)"),
     ("e.csv", 'anchor,positive\na,"b\n', ":2: not valid CSV"),
     ("e.jsonl", '{"anchor": "a", "positive": "b"}\n{"anchor": "c"}\n',
      ":2: no value in field 'positive'"),

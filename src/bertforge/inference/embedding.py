@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from bertforge.core.jsonfile import read_json
+from bertforge.core.progress import progress_bar
 from bertforge.errors import ConfigError, DataError
 from bertforge.inference.pipelines import (
     InputError,
@@ -53,11 +54,23 @@ def _requests(pipe: Pipeline, texts: Sequence[str], pairs: Sequence[str] | None,
     return requests
 
 
-def _longest_first(requests: Sequence[TextRequest], batch_size: int) -> list[np.ndarray]:
-    """Batches of request indices, longest (in tokens) first."""
+def _longest_first(requests: Sequence[TextRequest], batch_size: int, what: str) -> Any:
+    """Batches of request indices, longest (in tokens) first, behind a progress bar (drawn on
+    a terminal only) that counts ``what``."""
     lengths = np.array([len(r.window.ids) for r in requests])
     order = np.argsort(-lengths, kind="stable")
-    return [order[lo:lo + batch_size] for lo in range(0, len(order), batch_size)]
+    batches = [order[lo:lo + batch_size] for lo in range(0, len(order), batch_size)]
+    return progress_bar(iterable=batches, desc=what, unit="batch", leave=False,
+                        disable=len(batches) < 2)
+
+
+def _pipeline(directory: str | os.PathLike[str], task: str, device: str, batch_size: int,
+              precision: str) -> Any:
+    """The inference pipeline of ``task`` over ``directory``, long inputs cut."""
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
+    return load_pipeline(directory, task, device=device, precision=precision,
+                         truncation="truncate")
 
 
 def read_similarity(directory: str | os.PathLike[str]) -> str:
@@ -85,10 +98,7 @@ class DirectoryEncoder:
 
     def __init__(self, directory: str | os.PathLike[str], *, device: str = "auto",
                  batch_size: int = 32, precision: str = "auto") -> None:
-        if batch_size < 1:
-            raise ConfigError(f"batch size must be >= 1, got {batch_size}")
-        self.pipeline: Any = load_pipeline(directory, "feature-extraction", device=device,
-                                           precision=precision, truncation="truncate")
+        self.pipeline = _pipeline(directory, "feature-extraction", device, batch_size, precision)
         self.batch_size = batch_size
         self.similarity = read_similarity(self.pipeline.model_dir)
         prompts = self.pipeline.prompts
@@ -108,7 +118,7 @@ class DirectoryEncoder:
         prefix = pipe.prompt(None) if prompt is None else prompt
         requests = _requests(pipe, texts, None, prefix)
         out = np.zeros((len(texts), pipe.config.hidden_size), dtype=np.float32)
-        for batch in _longest_first(requests, self.batch_size):
+        for batch in _longest_first(requests, self.batch_size, "embedding"):
             results = pipe.run([requests[i] for i in batch])
             out[batch] = np.asarray([r["embedding"] for r in results], dtype=np.float32)
         return out
@@ -130,17 +140,14 @@ class PairScorer:
 
     def __init__(self, directory: str | os.PathLike[str], *, device: str = "auto",
                  batch_size: int = 32, precision: str = "auto") -> None:
-        if batch_size < 1:
-            raise ConfigError(f"batch size must be >= 1, got {batch_size}")
-        self.pipeline: Any = load_pipeline(directory, "text-ranking", device=device,
-                                           precision=precision, truncation="truncate")
+        self.pipeline = _pipeline(directory, "text-ranking", device, batch_size, precision)
         self.batch_size = batch_size
 
     def __call__(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         pipe = self.pipeline
         requests = _requests(pipe, [q for q, _ in pairs], [p for _, p in pairs], "")
         out = np.zeros(len(pairs), dtype=np.float32)
-        for batch in _longest_first(requests, self.batch_size):
+        for batch in _longest_first(requests, self.batch_size, "reranking"):
             out[batch] = pipe.logits([requests[i] for i in batch])[:, 0]
         return out
 

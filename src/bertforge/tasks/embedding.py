@@ -73,7 +73,14 @@ class SentenceSimilarityTask(FinetuneTask):
     supports_fsdp = True  # every rank evaluates; the model is gathered whole before a save
 
     def check_settings(self) -> None:
+        from bertforge.export.sentence_transformers import saved_max_seq_length
+
         e = self.cfg.embedding
+        saved = saved_max_seq_length(self.source.directory)
+        if self.cfg.data.max_seq_length is None and saved is not None:
+            # A sentence-transformers model's own length (all-MiniLM-L6-v2: 256), as its
+            # trainer would keep it, instead of the task's default of 128.
+            self.max_seq_length = min(saved, self.source.config.max_position_embeddings)
         hidden = self.source.config.hidden_size
         if e.matryoshka_dims and max(e.matryoshka_dims) > hidden:
             raise ConfigError(f"embedding.matryoshka_dims {list(e.matryoshka_dims)} go beyond "

@@ -17,7 +17,6 @@ messages: ``FILE:LINE``, or ``FILE row N`` for Parquet.
 from __future__ import annotations
 
 import codecs
-import csv
 import gzip
 import zlib
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.core.jsonfile import parse_json
-from bertforge.data.finetuning.tables import MAX_FIELD_CHARS, SUPPORTED, table_format
+from bertforge.data.finetuning.tables import SUPPORTED, delimited_records, table_format
 from bertforge.errors import DataError, os_error_text
 
 Record = tuple[int, dict[str, Any]]
@@ -64,7 +63,7 @@ def iter_records(path: str | Path) -> Iterator[Record]:
         return _parquet_records(p)
     if fmt == "jsonl":
         return _json_records(p)
-    return _delimited_records(p, fmt)
+    return delimited_records(p, _text_lines(p), fmt)
 
 
 def _text_lines(path: Path) -> Iterator[str]:
@@ -101,46 +100,6 @@ def _json_records(path: Path) -> Iterator[Record]:
             raise DataError(f"{path}:{number}: a JSON {type(record).__name__}, not an object; "
                             "each line must hold one JSON object with named fields")
         yield number, record
-
-
-def _delimited_records(path: Path, fmt: str) -> Iterator[Record]:
-    """CSV/TSV records keyed by the header's names; every record has the header's width."""
-    csv.field_size_limit(max(csv.field_size_limit(), MAX_FIELD_CHARS))
-    options: dict[str, Any] = (
-        {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {"strict": True})
-    reader = csv.reader(_text_lines(path), **options)
-    names: list[str] | None = None
-    header_line = 0
-    while True:
-        start = reader.line_num + 1
-        try:
-            record = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise DataError(f"{path}:{start}: not valid CSV ({exc}); check the quoting of the "
-                            "fields on this line") from None
-        if not record or (len(record) == 1 and not record[0].strip()):
-            continue  # a blank line
-        if names is None:
-            names, header_line = _header(path, start, record), start
-            continue
-        if len(record) != len(names):
-            sep = "tab" if fmt == "tsv" else "comma"
-            raise DataError(f"{path}:{start}: {len(record)} field(s) where the header (line "
-                            f"{header_line}) has {len(names)} columns; check for a missing or "
-                            f"extra {sep} on this line")
-        yield start, dict(zip(names, record))
-
-
-def _header(path: Path, line: int, record: list[str]) -> list[str]:
-    names = [name.strip() for name in record]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise DataError(f"{path}:{line}: the header names column(s) "
-                        f"{', '.join(map(repr, repeated))} more than once; give each column its "
-                        "own name")
-    return names
 
 
 def _parquet_records(path: Path) -> Iterator[Record]:

@@ -25,7 +25,7 @@ import io
 import json
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,34 +110,30 @@ def _no_rows(path: Path, header: bool) -> DataError:
     return DataError(f"{path}: the file {what}; give a file with at least one example")
 
 
-def _delimited(path: Path, text: str, fmt: str, columns: Sequence[str] | None) -> Table:
-    """CSV or TSV records with their start lines; every record must have the header's width."""
+def delimited_records(path: Path, lines: Iterable[str], fmt: str,
+                      columns: Sequence[str] | None = None) -> Iterator[tuple[int, dict]]:
+    """(start line, {column: field}) of each CSV or TSV record of ``lines`` (a file's text,
+    read as a stream); the first record is the header unless ``columns`` names them, and every
+    record must have its width. Blank lines are skipped."""
     csv.field_size_limit(max(csv.field_size_limit(), MAX_FIELD_CHARS))
     options: dict[str, Any] = (
         {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {"strict": True})
-    reader = csv.reader(io.StringIO(text, newline=""), **options)
+    reader = csv.reader(lines, **options)
     names: list[str] | None = list(columns) if columns is not None else None
     header_line = 0
-    rows: list[Row] = []
     while True:
         start = reader.line_num + 1
         try:
             record = next(reader)
         except StopIteration:
-            break
+            return
         except csv.Error as exc:
             raise DataError(f"{path}:{start}: not valid CSV ({exc}); check the quoting of the "
                             "fields on this line") from None
         if not record or (len(record) == 1 and not record[0].strip()):
             continue  # a blank line
         if names is None:
-            names = [name.strip() for name in record]
-            header_line = start
-            repeated = sorted({n for n in names if names.count(n) > 1})
-            if repeated:
-                raise DataError(f"{path}:{start}: the header names column(s) "
-                                f"{', '.join(map(repr, repeated))} more than once; "
-                                "give each column its own name")
+            names, header_line = _header(path, start, record), start
             continue
         if len(record) != len(names):
             origin = f"the header (line {header_line})" if header_line else "this file's layout"
@@ -146,9 +142,26 @@ def _delimited(path: Path, text: str, fmt: str, columns: Sequence[str] | None) -
             raise DataError(f"{path}:{start}: {count} where {origin} has "
                             f"{len(names)} columns; check for a missing or extra {sep} "
                             "on this line")
-        rows.append(Row(start, dict(zip(names, record))))
-    if names is None or not rows:
-        raise _no_rows(path, header=names is not None and columns is None)
+        yield start, dict(zip(names, record))
+
+
+def _header(path: Path, line: int, record: list[str]) -> list[str]:
+    names = [name.strip() for name in record]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise DataError(f"{path}:{line}: the header names column(s) "
+                        f"{', '.join(map(repr, repeated))} more than once; give each column its "
+                        "own name")
+    return names
+
+
+def _delimited(path: Path, text: str, fmt: str, columns: Sequence[str] | None) -> Table:
+    """CSV or TSV records with their start lines; every record must have the header's width."""
+    rows = [Row(line, fields) for line, fields in
+            delimited_records(path, io.StringIO(text, newline=""), fmt, columns)]
+    if not rows:  # a header alone, or nothing
+        raise _no_rows(path, header=bool(text.strip()) and columns is None)
+    names = list(columns) if columns is not None else list(rows[0].fields)
     return Table(path, fmt, names, rows)
 
 
