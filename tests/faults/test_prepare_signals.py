@@ -32,7 +32,8 @@ from bertforge.core.io import TMP_MARK
 pytestmark = pytest.mark.slow
 
 CHUNK_DOCS = 2048  # prepare's docs_per_shard: the CLI has no flag for it
-CHUNKS = 20  # ~3 s with two workers: still running well after the first shard is written
+CHUNKS = 40  # ~6 s with two workers: still running well after the first shard is written,
+# also when the test process, polling for that shard, is slowed by a busy machine
 GONE_WITHIN_S = 15.0  # workers poll for their parent every 0.5 s; slack for a loaded machine
 STARTUP_S = 60.0  # until the first shard: interpreter and worker start-up on a busy machine
 WORDS = ("the cat dog sat on mat ran fast slow big small red blue green house tree car road river "
