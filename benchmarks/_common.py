@@ -89,6 +89,27 @@ def write_result(path: Path, result: dict[str, Any]) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
+def training_clock() -> tuple[Any, dict[str, float]]:
+    """A transformers ``TrainerCallback`` and the dict it fills with ``begin`` and ``end``
+    (``time.perf_counter``, the GPU synchronized at the end): the Trainer's training time, from
+    ``on_train_begin`` to ``on_train_end``."""
+    import torch
+    import transformers
+
+    clock: dict[str, float] = {}
+
+    class Clock(transformers.TrainerCallback):
+        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+            clock["begin"] = time.perf_counter()
+
+        def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            clock["end"] = time.perf_counter()
+
+    return Clock(), clock
+
+
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median plus min/max and the relative half-range, our stated noise of one figure."""
     med = statistics.median(values)

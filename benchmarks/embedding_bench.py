@@ -68,7 +68,7 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import metadata, result_path, write_result  # noqa: E402
+from _common import metadata, result_path, training_clock, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("BERTFORGE_BENCH_DATA") or ROOT.parent / "shared" / "data")
@@ -152,23 +152,13 @@ def st_run(model: Path, rows: list[dict], out: Path, seed: int, precision: str,
            device: str) -> dict:
     """The sentence-transformers trainer with the recipe; the trained model saved to ``out``."""
     import datasets
-    import torch
     import transformers
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
                                        SentenceTransformerTrainingArguments)
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
-    clock: dict[str, float] = {}
-
-    class Clock(transformers.TrainerCallback):
-        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
-            clock["begin"] = time.perf_counter()
-
-        def on_train_end(self, *args: Any, **kwargs: Any) -> None:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            clock["end"] = time.perf_counter()
+    timer, clock = training_clock()
 
     t0 = time.perf_counter()
     transformers.set_seed(seed)
@@ -190,7 +180,7 @@ def st_run(model: Path, rows: list[dict], out: Path, seed: int, precision: str,
     loss.register_forward_pre_hook(lambda _, inputs: seen.__setitem__(
         0, seen[0] + len(inputs[0][0]["input_ids"])))
     trainer = SentenceTransformerTrainer(model=st, args=targs, train_dataset=data, loss=loss,
-                                         callbacks=[Clock()])
+                                         callbacks=[timer])
     output = trainer.train()
     st.save(str(out / "model"))
     seconds = clock["end"] - clock["begin"]

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import metadata, result_path, write_result  # noqa: E402
+from _common import metadata, result_path, training_clock, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("BERTFORGE_BENCH_DATA") or ROOT.parent / "shared" / "data")
@@ -205,16 +205,7 @@ def hf_trainer(task: str, model_dir: Path, train: Any, out: Path, seed: int, epo
     cls = (transformers.AutoModelForSequenceClassification if task in GLUE
            else transformers.AutoModelForQuestionAnswering)
     model = cls.from_pretrained(str(model_dir), **({"num_labels": 2} if task in GLUE else {}))
-    clock: dict[str, float] = {}
-
-    class Clock(transformers.TrainerCallback):
-        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
-            clock["begin"] = time.perf_counter()
-
-        def on_train_end(self, *args: Any, **kwargs: Any) -> None:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            clock["end"] = time.perf_counter()
+    timer, clock = training_clock()
 
     targs = transformers.TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=RECIPE["batch"],
@@ -226,7 +217,7 @@ def hf_trainer(task: str, model_dir: Path, train: Any, out: Path, seed: int, epo
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     trainer = transformers.Trainer(
         model=model, args=targs, train_dataset=train, processing_class=tokenizer,
-        data_collator=transformers.DataCollatorWithPadding(tokenizer), callbacks=[Clock()])
+        data_collator=transformers.DataCollatorWithPadding(tokenizer), callbacks=[timer])
     trainer.train()
     return trainer, clock["end"] - clock["begin"]
 
