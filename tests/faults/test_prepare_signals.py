@@ -32,8 +32,7 @@ from bertforge.core.io import TMP_MARK
 pytestmark = pytest.mark.slow
 
 CHUNK_DOCS = 2048  # prepare's docs_per_shard: the CLI has no flag for it
-CHUNKS = 40  # ~6 s with two workers: still running well after the first shard is written,
-# also when the test process, polling for that shard, is slowed by a busy machine
+CHUNKS = 20  # ~3 s with two workers: still running well after the first shard is written
 GONE_WITHIN_S = 15.0  # workers poll for their parent every 0.5 s; slack for a loaded machine
 STARTUP_S = 60.0  # until the first shard: interpreter and worker start-up on a busy machine
 WORDS = ("the cat dog sat on mat ran fast slow big small red blue green house tree car road river "
@@ -116,6 +115,13 @@ def survivors(procs: list[psutil.Process], within: float = GONE_WITHIN_S) -> lis
     return alive
 
 
+def _sigint_default() -> None:
+    """SIGINT as a terminal's command line gets it. A suite started in the background by a
+    non-interactive shell (``nohup make test &``) runs with SIGINT ignored, which its children
+    inherit, and Python then keeps ignoring it instead of raising KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def start(corpus: dict[str, Path], tmp_path: Path) -> Iterator[Callable[..., Run]]:
     """``start(name)`` launches prepare into ``tmp_path/name``. Whatever a test asserts, every
@@ -127,7 +133,8 @@ def start(corpus: dict[str, Path], tmp_path: Path) -> Iterator[Callable[..., Run
         stderr = tmp_path / f"{name}.stderr"
         with stderr.open("w") as err:
             proc = subprocess.Popen(command(corpus, tmp_path / name), stdout=subprocess.DEVNULL,
-                                    stderr=err, env=ENV, process_group=0 if group else None)
+                                    stderr=err, env=ENV, process_group=0 if group else None,
+                                    preexec_fn=_sigint_default)
         runs.append(Run(proc, tmp_path / name, stderr))
         return runs[-1]
 
