@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from bertforge.core.jsonfile import read_json
 from bertforge.core.progress import progress_bar
@@ -119,8 +120,7 @@ class DirectoryEncoder:
         requests = _requests(pipe, texts, None, prefix)
         out = np.zeros((len(texts), pipe.config.hidden_size), dtype=np.float32)
         for batch in _longest_first(requests, self.batch_size, "embedding"):
-            results = pipe.run([requests[i] for i in batch])
-            out[batch] = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+            out[batch] = torch.stack(pipe.vectors([requests[i] for i in batch])).numpy()
         return out
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:

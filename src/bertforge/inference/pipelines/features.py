@@ -121,7 +121,9 @@ class FeatureExtractionPipeline(Pipeline):
         return EmbedRequest(text, window, cut, normalize=_flag(item, "normalize"),
                             dimensions=dims)
 
-    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
+    def vectors(self, requests: Sequence[TextRequest]) -> list[torch.Tensor]:
+        """Each request's vector, pooled, cut to its ``dimensions`` and normalized as it asks
+        (else as the pipeline does): (dims,) fp32 tensors on the CPU."""
         if not requests:
             return []
         inputs = self.pad([r.window for r in requests])
@@ -133,15 +135,17 @@ class FeatureExtractionPipeline(Pipeline):
         hidden = hidden.float() if torch.is_tensor(hidden) else torch.from_numpy(
             _logits(hidden))
         mask = inputs["attention_mask"].to(hidden.device)  # (B, S)
-        vectors = pool(hidden, mask, self.pooling).cpu()  # (B, H)
-        results = []
-        for r, row in zip(requests, vectors):
+        pooled = pool(hidden, mask, self.pooling).cpu()  # (B, H)
+        vectors = []
+        for r, row in zip(requests, pooled):
             wanted = getattr(r, "normalize", None)
-            vector = finish(row[None], self.normalize if wanted is None else wanted,
-                            getattr(r, "dimensions", None))[0]
-            results.append(self.mark({"embedding": vector.tolist(), "pooling": self.pooling},
-                                     r))
-        return results
+            vectors.append(finish(row[None], self.normalize if wanted is None else wanted,
+                                  getattr(r, "dimensions", None))[0])
+        return vectors
+
+    def run(self, requests: Sequence[TextRequest]) -> list[dict]:
+        return [self.mark({"embedding": vector.tolist(), "pooling": self.pooling}, r)
+                for r, vector in zip(requests, self.vectors(requests))]
 
     def describe(self) -> dict:
         return {**super().describe(), "pooling": self.pooling, "normalize": self.normalize,
