@@ -33,6 +33,8 @@ from bertforge.data.collate.texts import TextGroups
 from bertforge.data.finetuning.pairs import TextRows
 from bertforge.core.jsonfile import read_json_object
 from bertforge.errors import CheckpointError, ConfigError
+from bertforge.export.sentence_transformers import (saved_max_seq_length,
+                                                    write_sentence_transformers_files)
 from bertforge.ops.pooling import finish, pool
 from bertforge.tasks import embedding_losses as losses
 from bertforge.tasks.embedding_cache import cached_embeddings
@@ -73,8 +75,6 @@ class SentenceSimilarityTask(FinetuneTask):
     supports_fsdp = True  # every rank evaluates; the model is gathered whole before a save
 
     def check_settings(self) -> None:
-        from bertforge.export.sentence_transformers import saved_max_seq_length
-
         e = self.cfg.embedding
         saved = saved_max_seq_length(self.source.directory)
         if self.cfg.data.max_seq_length is None and saved is not None:
@@ -207,8 +207,6 @@ class SentenceSimilarityTask(FinetuneTask):
     def write_model(self, model: nn.Module, directory: Path) -> None:
         """The (whole) model and its sentence-transformers files (pooling, normalization,
         prompts, Matryoshka sizes, max_seq_length) in ``directory``."""
-        from bertforge.export.sentence_transformers import write_sentence_transformers_files
-
         e = self.cfg.embedding
         model.save_pretrained(directory, tokenizer=self.tokenizer)
         prompts = {k: v for k, v in (("query", e.query_prompt), ("document", e.passage_prompt))
