@@ -69,7 +69,7 @@ def bench_generation(args: argparse.Namespace, ours, hf, tok, src: torch.Tensor,
     alternating), after one warm-up round. Returns the result sections ``generation`` (beam,
     the key earlier results use) and ``generation_greedy``."""
     from bertforge.models.generation import GenerationConfig, generate
-    from bertforge.train.precision import float32_matmul
+    from bertforge.runtime.precision import float32_matmul
 
     searches = {"generation": GENERATION, "generation_greedy": GREEDY}
     configs = {key: GenerationConfig.from_model_config(ours.config, **settings)
@@ -138,7 +138,7 @@ def real_batches(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], objec
     from bertforge.data.prepare import prepare
     from bertforge.demo.corpus import build_sample_corpus
     from bertforge.data.collate.seq2seq import DenoisingBatchMaker
-    from bertforge.tasks.denoise import noise_vocab
+    from bertforge.data.noising import noise_vocab
     from bertforge.tokenization import load_tokenizer
     from bertforge.tokenization.training import train_bpe
 
@@ -203,7 +203,7 @@ class Trainer:
 
     def __init__(self, name: str, model, loss_fn, args: argparse.Namespace) -> None:
         from bertforge.optim import build_optimizer, build_scheduler
-        from bertforge.train.precision import build_precision
+        from bertforge.runtime.precision import build_precision
 
         self.name, self.model, self.loss_fn = name, model, loss_fn
         self.optimizer = build_optimizer(model, "adamw", lr=1e-4, weight_decay=0.01,
@@ -238,14 +238,14 @@ def set_train_dropout(ours, hf, p: float) -> None:
 def bench_train_step(args: argparse.Namespace, ours, hf, batches: list[dict],
                      device: torch.device, hf_check: float) -> tuple[dict, dict]:
     """bertforge's ``train_step`` against transformers' on the same batches: bertforge unpadded
-    (``set_unpadding``, pretraining's train.unpad default) unless --no-unpad, its loss checked
+    (``apply_speed_options``: pretraining's train.unpad default and the CPU dropout kernel) unless --no-unpad, its loss checked
     against ``hf_check`` on that path first; both with --train-dropout. Interleaved rounds, the
     first contestant alternating. -> (the ``train_step`` section, other result entries)."""
     from bertforge.tasks.denoise import seq2seq_loss
     from bertforge.train.flops import peak_flops, seq2seq_train_flops
-    from bertforge.train.parallelize import set_unpadding
+    from bertforge.speed import apply_speed_options
 
-    set_unpadding(ours, not args.no_unpad)
+    apply_speed_options(ours, unpad=not args.no_unpad)
     with torch.no_grad():
         ours.eval()
         checked = float(seq2seq_loss(ours, batches[0]).loss)
@@ -258,7 +258,7 @@ def bench_train_step(args: argparse.Namespace, ours, hf, batches: list[dict],
     ours.train(), hf.train()
     trainers = [Trainer("bertforge", ours, seq2seq_loss, args), Trainer("hf", hf, hf_loss, args)]
     if args.compile:  # the same weights, layers compiled as train.compile does (GPU default)
-        from bertforge.train.parallelize import compile_layers
+        from bertforge.speed import compile_layers
 
         compiled = copy.deepcopy(ours)
         compile_layers(compiled)

@@ -487,7 +487,7 @@ class Evaluators:
 
         from bertforge.tasks.finetune import build_task
         from bertforge.train.distributed import init_distributed
-        from bertforge.train.precision import build_precision
+        from bertforge.runtime.precision import build_precision
 
         self.p, self.args, self.device = p, args, device
         self.info = init_distributed(device.type)

@@ -595,7 +595,7 @@ def cmd_onnx_check(args: argparse.Namespace) -> None:
     import torch
 
     from bertforge.models import BertForQuestionAnswering
-    from bertforge.train.precision import float32_matmul
+    from bertforge.runtime.precision import float32_matmul
 
     model = BertForQuestionAnswering.from_pretrained(args.model).float().eval()
     gen = torch.Generator().manual_seed(0)

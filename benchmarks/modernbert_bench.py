@@ -120,8 +120,8 @@ def build_models(cfg: Any, names: list[str], args: argparse.Namespace) -> dict[s
     """name -> model, all with the weights of one seeded bertforge model."""
     import transformers
 
-    from bertforge.models.modernbert_heads import ModernBertForMaskedLM
-    from bertforge.train.parallelize import apply_speed_options
+    from bertforge.models.modernbert import ModernBertForMaskedLM
+    from bertforge.speed import apply_speed_options
 
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(args.seed)
@@ -180,7 +180,7 @@ def loss_fn(name: str) -> Callable:
 def check_losses(models: dict[str, Any], batch: dict) -> dict[str, Any]:
     """Eval losses on one batch in full fp32 (no TF32): every contestant must give bertforge's
     unpadded loss to 1e-5 relative, or the timings would not compare the same work."""
-    from bertforge.train.precision import float32_matmul
+    from bertforge.runtime.precision import float32_matmul
 
     values, seconds = {}, {}
     with torch.no_grad(), float32_matmul("highest"):
@@ -214,7 +214,7 @@ class Contestant:
 
     def __init__(self, name: str, model, args: argparse.Namespace) -> None:
         from bertforge.optim import build_optimizer, build_scheduler
-        from bertforge.train.precision import build_precision
+        from bertforge.runtime.precision import build_precision
 
         self.name, self.model, self.loss_fn = name, model, loss_fn(name)
         self.optimizer = build_optimizer(model, "adamw", lr=1e-4, weight_decay=0.01,

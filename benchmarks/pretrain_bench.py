@@ -18,7 +18,7 @@ groups), starting from the same weights:
 * ``bertforge``: ``BertForPreTraining`` + ``pretraining_loss`` (MLM logits only at masked
   positions) on the padded batches, padded execution.
 * ``bertforge-unpadded``: the same batches, ``apply_speed_options(unpad=True,
-  attention_backend=--backend)`` (``bertforge.train.parallelize``): the encoder runs
+  attention_backend=--backend)`` (``bertforge.speed``): the encoder runs
   on real tokens only.
 * ``bertforge-packed``: the same samples packed into rows of the data's max length
   (``pack_width``; position ids restart per sequence), unpadded execution.
@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import metadata, result_path, run_cli, spread, write_result  # noqa: E402
 from bertforge.data.batch import IGNORE_INDEX, LossOutput, real_tokens  # noqa: E402
 from bertforge.ops.attention import FUSED  # noqa: E402
-from bertforge.train.precision import float32_matmul  # noqa: E402
+from bertforge.runtime.precision import float32_matmul  # noqa: E402
 
 # bertforge layouts: name -> (which batches, unpadded execution)
 LAYOUTS = {"bertforge": ("padded", False), "bertforge-unpadded": ("padded", True),
@@ -237,7 +237,7 @@ def half_precision_check(name: str, model: nn.Module, loss_fn: Callable, referen
     --precision loss must be as close to the fp32 reference as the padded model's own
     --precision loss is, within 4x that error (an error budget, as flash-attention's own tests
     judge low precision), plus 1e-3 relative for the rounding of a single loss."""
-    from bertforge.train.precision import build_precision
+    from bertforge.runtime.precision import build_precision
 
     autocast = build_precision(args.precision, next(model.parameters()).device).autocast
     value = eval_loss(model, loss_fn, batch, autocast)
@@ -296,7 +296,7 @@ class Variant:
                  data: str, batches: list[dict], flops_kind: str,
                  args: argparse.Namespace) -> None:
         from bertforge.optim import build_optimizer, build_scheduler, needs_external_clipping
-        from bertforge.train.precision import build_precision
+        from bertforge.runtime.precision import build_precision
 
         self.name, self.model, self.loss_fn = name, model, loss_fn
         self.data, self.batches = data, batches  # "padded" or "packed"; on the device
@@ -372,16 +372,18 @@ def build_variants(names: list[str], ours: nn.Module, hf: nn.Module, padded: lis
     """The variants, each checked against padded bertforge's eval loss on the first samples
     before any of them trains (all copies start from the same weights)."""
     from bertforge.tasks.pretrain import pretraining_loss
-    from bertforge.train.parallelize import apply_speed_options
+    from bertforge.speed import apply_speed_options
 
     models: dict[str, tuple] = {}  # name -> (model, loss, optimizer, data, flops kind)
     for name in names:
         if name == "hf":
             models[name] = (hf, hf_loss, "adamw", "padded", "dense")
         elif name == "bertforge-dense-mlm":
-            models[name] = (copy.deepcopy(ours), dense_mlm_loss, "adamw", "padded", "dense")
+            models[name] = (apply_speed_options(copy.deepcopy(ours), unpad=False), dense_mlm_loss,
+                            "adamw", "padded", "dense")
         elif name == "bertforge-lamb":
-            models[name] = (copy.deepcopy(ours), pretraining_loss, "lamb", "padded", "padded")
+            models[name] = (apply_speed_options(copy.deepcopy(ours), unpad=False),
+                            pretraining_loss, "lamb", "padded", "padded")
         else:
             data, unpad = LAYOUTS[name.removesuffix("-compiled")]
             model = ours if name == "bertforge" else copy.deepcopy(ours)

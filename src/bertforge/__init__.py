@@ -5,36 +5,22 @@ pipelines do; the model classes, tokenizers (callable as transformers'), generat
 ``finetune``/``pretrain`` runs with their configs. All are exported lazily (PEP 562) so that
 ``import bertforge`` (and with it every command-line call, ``--help`` included) does not pay for
 importing torch.
+
+What each model family exports (its config class, its model classes, functions such as
+``convert_nvidia_checkpoint``) is read from its record (``FamilySpec.public_names``): a new
+family, or a class that moves file, needs no edit here. Reading the records imports the model
+package (and torch), so only a family's name, ``dir(bertforge)`` and ``__all__`` pay for it.
 """
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path as _Path
 from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "BertConfig": "bertforge.models.config",
-    "BertModel": "bertforge.models.bert",
-    "BertForPreTraining": "bertforge.models.heads",
-    "BertForMaskedLM": "bertforge.models.heads",
-    "BertForQuestionAnswering": "bertforge.models.heads",
-    "BertForSequenceClassification": "bertforge.models.heads",
-    "BertForMultipleChoice": "bertforge.models.heads",
-    "BertForTokenClassification": "bertforge.models.heads",
-    "convert_nvidia_checkpoint": "bertforge.models.convert",
-    "BartConfig": "bertforge.models.bart_config",
-    "BartModel": "bertforge.models.bart",
-    "BartForConditionalGeneration": "bertforge.models.bart",
-    "BartForSequenceClassification": "bertforge.models.bart",
-    "ModernBertConfig": "bertforge.models.modernbert_config",
-    "ModernBertModel": "bertforge.models.modernbert",
-    "ModernBertForMaskedLM": "bertforge.models.modernbert_heads",
-    "ModernBertForSequenceClassification": "bertforge.models.modernbert_heads",
-    "ModernBertForTokenClassification": "bertforge.models.modernbert_heads",
-    "ModernBertForQuestionAnswering": "bertforge.models.modernbert_heads",
-    "ModernBertForMultipleChoice": "bertforge.models.modernbert_heads",
+_LAZY = {  # name -> module, for what no model family's record names
     "BpeTokenizer": "bertforge.tokenization.bpe",
     "BertTokenizer": "bertforge.tokenization",
     "load_tokenizer": "bertforge.tokenization",
@@ -50,17 +36,38 @@ _LAZY = {
     "finetune": "bertforge.tasks.finetune",
     "pretrain": "bertforge.tasks.pretrain",
 }
+_PACKAGE = _Path(__file__).parent
 
-__all__ = ["__version__", *_LAZY]
+
+def _family_names() -> dict[str, str]:
+    """Name -> module of every public name of every model family (their records), read once."""
+    if "_FAMILY_NAMES" not in globals():
+        from bertforge.models.registry import FAMILIES
+
+        globals()["_FAMILY_NAMES"] = {name: module for family in FAMILIES
+                                      for name, module in family.public_names().items()}
+    return globals()["_FAMILY_NAMES"]
+
+
+def _is_submodule(name: str) -> bool:
+    """A module or package of bertforge: ``from bertforge import cli`` asks this hook before
+    importing it, and must not pay for the family records."""
+    return (_PACKAGE / f"{name}.py").is_file() or (_PACKAGE / name / "__init__.py").is_file()
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        return ["__version__", *_family_names(), *_LAZY]
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # cache: later lookups skip this hook
-        return value
-    raise AttributeError(f"module 'bertforge' has no attribute {name!r}")
+        module = _LAZY[name]
+    elif name.startswith("_") or _is_submodule(name) or name not in _family_names():
+        raise AttributeError(f"module 'bertforge' has no attribute {name!r}")
+    else:
+        module = _family_names()[name]
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: later lookups skip this hook
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_family_names()))

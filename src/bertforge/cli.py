@@ -6,7 +6,8 @@ several values; choices, bounds, positional arguments and old names from the fie
 every command also takes ``--config FILE.yaml`` and ``--key=value`` / ``--section.key=value``.
 Defaults < YAML file < command line are merged by ``bertforge.core.schema.load_config``, which
 names an unknown key's closest valid one. Commands import their back ends when they run, so
-``--help`` stays instant (no torch).
+``--help`` stays instant (no torch), and a command line builds only its own command's parser
+(``bertforge --help`` lists the commands from ``COMMANDS`` without building theirs).
 
 ``UserError`` becomes ``error: <message>`` and exit status 2, ``RunError`` the same with status 1,
 a stop signal (SIGTERM/SIGUSR1 outside the train loop) ``stopped by SIGTERM`` and 128 + its
@@ -76,8 +77,9 @@ def _base(hint: Any) -> Any:
     return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
 
 
-def _help(f: dataclasses.Field, positional: bool) -> str:
-    text = f.metadata.get("help", "").replace("%", "%%")
+def _help(f: dataclasses.Field, positional: bool, text: str | None = None) -> str:
+    """argparse help of a field: ``text`` (else the field's own) and its default."""
+    text = (f.metadata.get("help", "") if text is None else text).replace("%", "%%")
     default = default_of(f)
     if positional:
         return text
@@ -109,24 +111,25 @@ def _kwargs(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
 
 
 def _add_field(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any,
-               dest: str) -> None:
+               dest: str) -> argparse.Action:
+    """The option (or positional argument) of ``f``, with the field's own help; returns it."""
     kw = _kwargs(f, hint)
     positional = f.metadata.get("positional")
     if positional:
         # (None, not SUPPRESS: argparse checks an absent optional positional's default against
         # the choices; _values drops it.)
         nargs = {"nargs": "?", "default": None} if positional == "?" else {}
-        p.add_argument(f.name, help=_help(f, True), **nargs, **kw)
-        return
-    p.add_argument(flag(f.name), dest=dest, default=argparse.SUPPRESS,
-                   help=_help(f, False), **kw)
+        return p.add_argument(f.name, help=_help(f, True), **nargs, **kw)
+    action = p.add_argument(flag(f.name), dest=dest, default=argparse.SUPPRESS,
+                            help=_help(f, False), **kw)
     for old in f.metadata.get("aliases", ()):
         if old == "config":  # --config is the YAML file of every command; see _yaml_file
             continue
-        action = {"nargs": 0, "const": True} if kw.get("action") == "store_true" else {
+        renamed = {"nargs": 0, "const": True} if kw.get("action") == "store_true" else {
             k: v for k, v in kw.items() if k != "action"}
         p.add_argument(flag(old), dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
-                       action=_Renamed, new=flag(f.name), **action)
+                       action=_Renamed, new=flag(f.name), **renamed)
+    return action
 
 
 def _ordered(cls: type) -> list[dataclasses.Field]:
@@ -162,7 +165,7 @@ def _epilog(command: Command) -> str:
         return (f"recipes (--config NAME{folder}):\n"
                 + "\n".join(f"  {name:<{pad}}{recipe_summary(name)}" for name in names)
                 + "\n\nconfig keys (set in the YAML file or as --key=value):\n"
-                + "\n".join(describe(command.config)))
+                + "\n".join(describe(command.config, helps=command.help_of_keys())))
     renamed = [f"{flag(old)} (now {flag(f.name)})" for f in dataclasses.fields(command.config)
                for old in f.metadata.get("aliases", ())]
     text = ("Every option is also a config key: give settings in a YAML file with --config "
@@ -175,9 +178,33 @@ def _epilog(command: Command) -> str:
     return textwrap.fill(text, 88)
 
 
-def _add_command(sub: Any, command: Command) -> None:
-    p = sub.add_parser(command.name, help=command.help, description=command.help,
-                       formatter_class=_Formatter, epilog=_epilog(command))
+class _CommandParser(argparse.ArgumentParser):
+    """The parser of one command. Its help reads the recipe files and the registries, so it is
+    made when the help is printed, not when a command line is parsed: the epilog (recipes,
+    every config key) and the options whose help ``command.key_help`` gives (``--task``'s
+    tasks)."""
+
+    def __init__(self, command: Command, prog: str) -> None:
+        super().__init__(prog=prog, description=command.help, formatter_class=_Formatter)
+        self.command = command
+        self.fields: dict[str, tuple[argparse.Action, dataclasses.Field]] = {}
+        self.help_made = False
+
+    def format_help(self) -> str:
+        if not self.help_made:
+            for name, text in self.command.help_of_keys().items():
+                if name in self.fields:
+                    action, f = self.fields[name]
+                    action.help = _help(f, bool(f.metadata.get("positional")), text)
+            self.epilog = _epilog(self.command)
+            self.help_made = True
+        return super().format_help()
+
+
+def command_parser(command: Command, prog: str) -> argparse.ArgumentParser:
+    """The parser of one command (``prog``: ``bertforge NAME``), built when that command is
+    parsed; its help text is made when it is printed (:class:`_CommandParser`)."""
+    p = _CommandParser(command, prog)
     p.set_defaults(**{COMMAND: command, PARSER: p})
     p.add_argument("--config", dest=YAML, default=None, metavar="RECIPE_OR_YAML"
                    if command.recipes else "FILE.yaml",
@@ -192,7 +219,33 @@ def _add_command(sub: Any, command: Command) -> None:
         hints = typing.get_type_hints(command.config)
         for f in _ordered(command.config):
             if f.metadata.get("cli", True) and section_type(f) is None:
-                _add_field(p, f, hints[f.name], f.name)
+                p.fields[f.name] = (_add_field(p, f, hints[f.name], f.name), f)
+    return p
+
+
+class _Commands(argparse._SubParsersAction):
+    """The COMMAND argument. ``bertforge --help`` lists every command with its one-line help
+    (from ``COMMANDS``); a command's parser is built only when that command is parsed, so one
+    command line builds one parser. An unknown name gets the closest one."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.choices = None  # checked in __call__, with a did-you-mean
+        for command in COMMANDS:
+            self._choices_actions.append(self._ChoicesPseudoAction(command.name, (),
+                                                                   command.help))
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        name = values[0]
+        if name not in BY_NAME:
+            close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise argparse.ArgumentError(self, f"invalid choice: {name!r} (choose from "
+                                         f"{', '.join(map(repr, BY_NAME))}).{hint}")
+        if name not in self._name_parser_map:
+            self._name_parser_map[name] = command_parser(BY_NAME[name],
+                                                         f"{self._prog_prefix} {name}")
+        super().__call__(parser, namespace, values, option)
 
 
 def _version() -> str:
@@ -211,6 +264,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``bertforge`` parser; each command's own parser is built when it is parsed."""
     parser = argparse.ArgumentParser(
         prog="bertforge", formatter_class=_Formatter,
         description="BERT and BART pretraining and fine-tuning with Hugging Face checkpoints "
@@ -219,9 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Debug logging.")
     parser.add_argument("--version", action="version", version=_version(),
                         help="Print the versions of bertforge, Python and torch, and exit.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in COMMANDS:
-        _add_command(sub, command)
+    parser.add_subparsers(dest="command", metavar="COMMAND", required=True, action=_Commands)
     return parser
 
 
@@ -355,7 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with raise_on_stop():  # SIGTERM at any moment outside the train loop: a clean exit
             cfg, options = configure(command, args, extra)
-            return command.invoke(cfg, options)
+            return (command.run(cfg, options) if command.options is not None
+                    else command.run(cfg))
     except (UserError, RunError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

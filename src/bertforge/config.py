@@ -4,7 +4,9 @@ that fine-tuning, ``generate``, ``predict summarize`` and the server share.
 Every field carries its help text (``opt``); loading (defaults < YAML < ``--section.key=value``),
 the did-you-mean errors, saving and the ``--help`` listing are ``bertforge.core.schema``'s, the
 one loader of every command, re-exported here. The configs of the other commands live beside
-their commands (``bertforge.commands``).
+their commands (``bertforge.commands``); the sections of the tasks with settings of their own
+(``embedding.*``) beside their tasks, composed into ``FinetuneConfig`` from
+``bertforge.tasks.settings``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any, ClassVar, List, Optional, Union
 
 from bertforge.core import limits
 from bertforge.core.limits import (ATTENTION_BACKENDS, MIN_SEQUENCE_TOKENS, MIN_TARGET_TOKENS,
-                                   OPTIMIZERS, POOLINGS, PRECISIONS, SCHEDULES, check_choice)
+                                   OPTIMIZERS, PRECISIONS, SCHEDULES, check_choice)
 from bertforge.core.schema import (check_fields, describe, load_config, opt, refuse_blank_fields,
                                    run_defining_keys, save_config, to_dict)
 from bertforge.errors import ConfigError
+from bertforge.tasks.settings import TASK_SETTINGS
 
 __all__ = ["FinetuneConfig", "GenerationOptions", "NoiseConfig", "PretrainConfig", "RunConfig",
            "describe", "load_config", "opt", "run_defining_keys", "save_config", "to_dict"]
@@ -412,7 +415,7 @@ class FinetuneTrainConfig(TrainConfig):
                               f"{self.label_smoothing}")
 
 
-# How fine-tuning's schedule counts steps (bertforge.optim.schedules: COUNTINGS, and the
+# How fine-tuning's schedule counts steps (bertforge.optim.build: COUNTINGS, and the
 # schedules the Trainer's counting supports); literal here so config imports no torch.
 SCHEDULE_COUNTINGS = ("transformers", "nvidia")
 TRAINER_COUNTED_SCHEDULES = ("linear", "poly", "constant")
@@ -449,61 +452,26 @@ class FinetuneOptimConfig(OptimConfig):
                               f"{', '.join(TRAINER_COUNTED_SCHEDULES)})")
 
 
-EMBEDDING_LOSSES = ("auto", "infonce", "cosent", "margin-mse", "bce", "listwise")
+def _task_settings(cls: type) -> type:
+    """Add each task's own settings section (``bertforge.tasks.settings``: ``embedding.*``) to
+    ``cls``, after its other fields, before it becomes a dataclass; the settings modules are
+    torch-free, so importing this module stays light."""
+    for record in TASK_SETTINGS:
+        section = record.settings.load()
+        cls.__annotations__[record.key] = section
+        setattr(cls, record.key, opt(help=f"{record.help} ({', '.join(record.tasks)}).",
+                                     factory=section))
+    return cls
 
 
 @dataclass
-class EmbeddingConfig:
-    """sentence-similarity (embedding models) and text-ranking (rerankers): docs/embeddings.md."""
-
-    loss: str = opt("auto", "auto (from the data's columns: infonce for anchor/positive[/"
-                    "negatives], cosent for scored pairs, margin-mse with teacher scores; "
-                    "text-ranking: bce for labelled pairs, listwise for query/positive/"
-                    "negatives), or one of infonce cosent margin-mse bce listwise.",
-                    run_defining=True, choices=EMBEDDING_LOSSES)
-    scale: float = opt(20.0, "Inverse temperature of the infonce and cosent similarities (20 = "
-                       "temperature 0.05).", run_defining=True)
-    symmetric: bool = opt(False, "infonce: also score each positive against all anchors.",
-                          run_defining=True)
-    cache_chunk: int = opt(0, "Cached pass (GradCache): texts per forward pass, replayed in "
-                           "backward; memory no longer grows with the batch (and its in-batch "
-                           "negatives), the gradients are the same. 0 = off.", run_defining=True,
-                           minimum=0)
-    matryoshka_dims: Optional[List[int]] = opt(None, "Train every prefix of these sizes too "
-                                               "(e.g. 384 256 128 64); the served `dimensions`.",
-                                               run_defining=True)
-    pooling: str = opt("mean", "Text vector: mean of the tokens, cls (first token) or last (last "
-                       "real token).", run_defining=True, choices=POOLINGS)
-    normalize: bool = opt(True, "Unit-length vectors (cosine similarity); saved with the model.",
-                          run_defining=True)
-    query_prompt: Optional[str] = opt(None, "Text put before every anchor/query (e.g. "
-                                      "'query: '); saved as the model's 'query' prompt.",
-                                      run_defining=True)
-    passage_prompt: Optional[str] = opt(None, "Text put before every positive/negative (e.g. "
-                                        "'passage: '); saved as the 'document' prompt.",
-                                        run_defining=True)
-    no_duplicates: bool = opt(True, "No global batch holds the same text twice (a duplicate "
-                              "would be its own in-batch negative).", run_defining=True)
-    gather: bool = opt(True, "Across ranks, score every anchor against all ranks' candidates "
-                       "(gradients flow back to their owners).", run_defining=True)
-
-    def __post_init__(self) -> None:
-        check_fields(self, "embedding.")
-        if not (math.isfinite(self.scale) and self.scale > 0):
-            raise ConfigError(f"embedding.scale must be a positive number, got {self.scale}")
-        dims = self.matryoshka_dims
-        if dims is not None and (not dims or any(d < 1 for d in dims)
-                                 or len(set(dims)) != len(dims)):
-            raise ConfigError("embedding.matryoshka_dims must list distinct sizes >= 1, got "
-                              f"{list(dims)}")
-
-
-@dataclass
+@_task_settings
 class FinetuneConfig(RunConfig):
-    task: str = opt("classification", "question-answering (alias squad), text-classification "
-                    "(aliases classification, glue), token-classification, multiple-choice "
-                    "(alias swag), summarization, sentence-similarity (aliases embedding, "
-                    "contrastive) or text-ranking (alias reranker).", run_defining=True)
+    """``bertforge finetune``. The sections of tasks with settings of their own (``embedding``)
+    come from ``bertforge.tasks.settings`` and follow ``eval``."""
+
+    task: str = opt("classification", "The task, by its name or an alias (the task registry's; "
+                    "`bertforge finetune --help` lists them).", run_defining=True)
     model: Optional[str] = opt(None, "Starting point: a Hugging Face BERT directory or a bertforge "
                                "checkpoint (with its tokenizer); heads it lacks start fresh.",
                                run_defining=True)
@@ -514,10 +482,8 @@ class FinetuneConfig(RunConfig):
                                      factory=FinetuneOptimConfig, run_defining=True)
     data: FinetuneDataConfig = opt(help="Task data.", factory=FinetuneDataConfig)
     eval: EvalConfig = opt(help="Evaluation and prediction.", factory=EvalConfig)
-    embedding: EmbeddingConfig = opt(help="Embedding and reranker training (sentence-similarity, "
-                                     "text-ranking).", factory=EmbeddingConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        # The task name is checked against the task registry by the command that runs it
-        # (bertforge.tasks.finetune.build_task), before any data is read.
+        # The task name is checked against the task registry (which this module may not read)
+        # by `bertforge finetune` before anything runs, and by tasks.finetune.build_task.

@@ -24,7 +24,7 @@ from bertforge.cli import main
 from bertforge.errors import CheckpointError
 from bertforge.core.io import CHECKSUMS_NAME, write_checksums
 from bertforge.train.checkpoint import COMPLETE
-from bertforge.train.resume import verify_checkpoint
+from bertforge.train.guards import verify_checkpoint
 from bertforge.tasks.pretrain import pretrain
 
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-import bertforge.data.finetuning.qa_windows as qa_windows
+import bertforge.data.finetuning.qa as qa
 from bertforge.data.finetuning import read_glue, read_swag, read_table, read_token_tags
-from bertforge.data.finetuning.qa_postprocess import max_context_masks
+from bertforge.data.finetuning.qa import max_context_masks
 from bertforge.data.finetuning.squad import MAX_CONTEXT_CHARS, Answer, QAExample, qa_features, read_squad
 from bertforge.data.finetuning.summarization import read_summarization
 from bertforge.errors import DataError
@@ -154,11 +154,11 @@ TRICKY = ("Café  naïve \u0301accent 東京タワー [SEP] x\u00a0y zero\u200bw
 
 @pytest.mark.parametrize("piece", [7, 40, 1000])
 def test_a_context_tokenized_in_pieces_is_tokenized_as_one(real_tok, monkeypatch, piece):
-    monkeypatch.setattr(qa_windows, "PIECE_CHARS", piece)
+    monkeypatch.setattr(qa, "PIECE_CHARS", piece)
     text = TRICKY * 20
     for tok in (real_tok, SMALL):
         whole = tok.backend.encode(text, add_special_tokens=False)
-        (got,) = qa_windows._tokenize([text], tok)
+        (got,) = qa._tokenize([text], tok)
         assert got.ids.tolist() == whole.ids
         assert [tuple(o) for o in got.spans.tolist()] == whole.offsets
 

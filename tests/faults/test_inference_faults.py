@@ -137,7 +137,7 @@ def test_summarization_lengths_and_generation_fail_before_data_is_read(
 
 def test_a_saved_generation_length_beyond_the_positions_is_capped(tiny_bart: Path,
                                                                   tmp_path: Path) -> None:
-    from bertforge.inference.generate import settings_for
+    from bertforge.models.generation.texts import settings_for
     from bertforge.models.bart import BartConfig
     from bertforge.models.generation import GenerationConfig
 

@@ -300,7 +300,7 @@ def test_a_default_summarization_length_capped_to_the_positions_is_said_once(
 
 def test_a_saved_generation_length_beyond_the_positions_is_said_once(
         tiny_bart: Path, tmp_path: Path, caplog, said_afresh) -> None:
-    from bertforge.inference.generate import settings_for
+    from bertforge.models.generation.texts import settings_for
     from bertforge.models.bart import BartConfig
     from bertforge.models.generation import GenerationConfig
 

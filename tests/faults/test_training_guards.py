@@ -17,7 +17,7 @@ import torch
 import bertforge.tasks.mlm as pretrain_module
 from bertforge.cli import main
 from bertforge.optim import Lamb
-from bertforge.train.resume import verify_checkpoint
+from bertforge.train.guards import verify_checkpoint
 
 
 @pytest.mark.parametrize("key, value", [

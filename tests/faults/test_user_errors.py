@@ -21,8 +21,7 @@ import torch
 from bertforge.cli import main
 from bertforge.errors import ConfigError
 from bertforge.models import BertConfig
-from bertforge.train.resume import verify_checkpoint
-from bertforge.train.guards import explain_oom
+from bertforge.train.guards import explain_oom, verify_checkpoint
 
 
 def one_error_line(capsys) -> str:

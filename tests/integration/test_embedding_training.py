@@ -185,7 +185,7 @@ def test_a_modernbert_encoder_trains_into_a_sentence_transformers_model(
         data: dict[str, Path], tmp_path: Path) -> None:
     from bertforge.inference.pipelines import load_pipeline
     from bertforge.models.modernbert_config import ModernBertConfig
-    from bertforge.models.modernbert_heads import MODERNBERT_CLASSES
+    from bertforge.models.modernbert import MODERNBERT_CLASSES
     from bertforge.tokenization import load_tokenizer
     from bertforge.tokenization.training import train_modern_bpe
 

@@ -20,7 +20,7 @@ import torch
 
 from bertforge.export import DEFAULT_ATOL, EXPORTABLE, HEADS, OnnxModel, export_onnx
 from bertforge.models.modernbert_config import ModernBertConfig
-from bertforge.models.modernbert_heads import MODERNBERT_CLASSES
+from bertforge.models.modernbert import MODERNBERT_CLASSES
 from bertforge.models.registry import MODERNBERT
 from bertforge.tokenization import ModernBpeTokenizer, load_tokenizer
 from bertforge.tokenization.training import train_modern_bpe

@@ -20,7 +20,7 @@ from bertforge.errors import ConfigError, DataError, RunError
 from bertforge.export import DEFAULT_ATOL, HEADS, OnnxModel, export_onnx
 from bertforge.models import (BertConfig, BertForMultipleChoice, BertForSequenceClassification,
                               BertModel)
-from bertforge.models.heads import MODEL_CLASSES
+from bertforge.models.bert import MODEL_CLASSES
 from bertforge.tokenization import BertTokenizer
 
 WORDS = ("the a cat dog sat on mat what where who is was red blue house garden in near big "

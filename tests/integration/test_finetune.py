@@ -157,6 +157,7 @@ def test_unpadded_training_equals_padded(case: str, tiny_bert: Path, tmp_path: P
     trained weights and the scores equal a padded run's up to float rounding (SQuAD's span loss
     leaves padding out in both)."""
     import bertforge.models.bert as bert
+    import bertforge.speed as rows  # the partial last layer's encoder pass (classifiers)
 
     model = tmp_path / "nodrop"
     shutil.copytree(tiny_bert, model)
@@ -165,8 +166,9 @@ def test_unpadded_training_equals_padded(case: str, tiny_bert: Path, tmp_path: P
     (model / "config.json").write_text(json.dumps(config))
     layouts = []
     real = bert.batch_layout
-    monkeypatch.setattr(bert, "batch_layout", lambda *a, **k: layouts.append(
-        type(out := real(*a, **k)).__name__) or out)
+    for module in (bert, rows):
+        monkeypatch.setattr(module, "batch_layout", lambda *a, **k: layouts.append(
+            type(out := real(*a, **k)).__name__) or out)
     unpadded = run(model, tmp_path / "unpadded", case)
     assert "TokenLayout" in layouts and "RowLayout" not in layouts  # it did run unpadded
     layouts.clear()

@@ -24,7 +24,7 @@ from ranks import STEPS, assert_lines_close, assert_weights_close, free_port, ru
 from bertforge.errors import CheckpointError
 from bertforge.tasks.pretrain import pretrain
 from bertforge.train.checkpoint import SHARDED_OPTIMIZER
-from bertforge.train.resume import verify_checkpoint
+from bertforge.train.guards import verify_checkpoint
 
 FSDP = "--train.fsdp=true"
 

@@ -15,7 +15,7 @@ import torch
 from bertforge.data.collate.seq2seq import collate_seq2seq
 from bertforge.models.bart import BartConfig, BartForConditionalGeneration
 from bertforge.tasks.denoise import seq2seq_loss
-from bertforge.train.parallelize import set_unpadding
+from bertforge.speed import set_unpadding
 
 transformers = pytest.importorskip("transformers")
 

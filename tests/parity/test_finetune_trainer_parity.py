@@ -18,10 +18,10 @@ import torch
 import bertforge.models as bf
 from bertforge.config import FinetuneConfig, FinetuneOptimConfig
 from bertforge.optim import build_optimizer, build_scheduler, needs_external_clipping
-from bertforge.optim.param_groups import split_decay
+from bertforge.optim.build import split_decay
 from bertforge.tasks.finetuning import choice_loss
 from bertforge.train.loop import train_step
-from bertforge.train.precision import build_precision
+from bertforge.runtime.precision import build_precision
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ import torch
 from bertforge.errors import CheckpointError, ConfigError, DataError
 from bertforge.models.bart import (BartConfig, BartForConditionalGeneration,
                                    BartForSequenceClassification, BartModel, shift_tokens_right)
-from bertforge.train.parallelize import set_gradient_checkpointing
+from bertforge.speed import set_gradient_checkpointing
 
 
 def tiny(**overrides) -> BartConfig:

@@ -28,7 +28,7 @@ from bertforge.models.bart_varlen import (Seq2SeqLayout, causal_attention, cross
 from bertforge.ops.unpad import token_layout
 from bertforge.ops.loss import vocab_cross_entropy
 from bertforge.tasks.denoise import seq2seq_loss
-from bertforge.train.parallelize import (compile_layers, set_gradient_checkpointing,
+from bertforge.speed import (compile_layers, set_gradient_checkpointing,
                                          set_unpadding)
 
 CPU_BACKENDS = ("padded", "nested")

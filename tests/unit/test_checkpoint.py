@@ -18,12 +18,13 @@ from bertforge.train.checkpoint import (
     COMPLETE,
     CheckpointManager,
     CheckpointWriteError,
+    capture_rng_state,
     gather_to_rank0,
     load_training_state,
+    restore_rng_state,
     save_training_state,
 )
-from bertforge.train.resume import resolve_resume
-from bertforge.train.rng import capture_rng_state, restore_rng_state
+from bertforge.train.guards import resolve_resume
 
 
 def write_dummy(step: int):

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bertforge import cli
 from bertforge.cli import build_parser, main
+from bertforge.commands import COMMANDS
 from bertforge.recipes import resolve_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,8 +20,7 @@ DEBUG_RECIPE = resolve_recipe("debug/tiny-cpu")
 
 
 def subcommands() -> list[str]:
-    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return sorted(actions[0].choices)
+    return sorted(c.name for c in COMMANDS)
 
 
 def test_every_journey_has_a_subcommand() -> None:
@@ -36,6 +37,79 @@ def test_help_exits_zero(command: list[str], capsys: pytest.CaptureFixture) -> N
     out = capsys.readouterr().out
     assert out.startswith(f"usage: bertforge {' '.join(command)}".rstrip())
     assert "default" in out or not command  # options show their defaults
+    if command:  # the help of the parser built for this command alone
+        assert out == cli.command_parser(cli.BY_NAME[command[0]],
+                                         f"bertforge {command[0]}").format_help()
+
+
+def test_parsing_a_command_builds_its_parser_only(monkeypatch, capsys) -> None:
+    built: list[str] = []
+    real = cli.command_parser
+
+    def counted(command, prog):
+        built.append(command.name)
+        return real(command, prog)
+
+    monkeypatch.setattr(cli, "command_parser", counted)
+    command, cfg, _ = cli.resolve(["finetune", "--task=squad", "--model=m", "--seeds", "1,2"])
+    assert (command.name, cfg.task, built) == ("finetune", "squad", ["finetune"])
+    built.clear()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert built == [] and "finetune" in capsys.readouterr().out
+
+
+def test_the_command_list_is_argparse_s_own(capsys) -> None:
+    """``bertforge --help`` lists the commands as a parser holding all of them would (the way
+    it was built before), without building them."""
+    whole = argparse.ArgumentParser(prog="bertforge", formatter_class=cli._Formatter,
+                                    description=build_parser().description)
+    whole.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
+    whole.add_argument("--version", action="version", version="",
+                       help="Print the versions of bertforge, Python and torch, and exit.")
+    sub = whole.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        sub.add_parser(command.name, help=command.help)
+    assert build_parser().format_help() == whole.format_help()
+    assert build_parser().format_usage() == whole.format_usage()
+
+
+def test_an_unknown_command_gets_the_closest_one(capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["finetun", "--task=squad"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("bertforge: error: argument COMMAND: invalid choice: 'finetun' "
+                              "(choose from 'vocab', 'prepare',")
+    assert err[-1].endswith(". Did you mean 'finetune'?")
+    with pytest.raises(SystemExit):
+        main(["zzz"])
+    assert "Did you mean" not in capsys.readouterr().err
+
+
+def test_task_help_and_did_you_mean_come_from_the_task_records(capsys, tmp_path) -> None:
+    from bertforge.tasks.registry import TASKS
+
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    out = capsys.readouterr().out
+    start = out.index("  --task=")
+    block = out[start:out.index("  --data.", start)]
+    for spec in TASKS:  # each task finetune trains, with its summary and aliases; no other
+        trains = spec.trainer is not None and spec.command == "finetune"
+        assert (f"        {spec.name}" in block) == trains, spec.name
+        assert (spec.summary in block) == trains, spec.name
+        assert not trains or all(a in block for a in spec.aliases)
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "text-ranking, or an alias" in " ".join(capsys.readouterr().out.split())
+    # A wrong name is refused with the registry's closest, before anything runs.
+    assert main(["finetune", "--task=squadd", f"--output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: task='squadd' is an unknown task. Did you mean 'squad'?")
+    assert err.count("\n") == 1 and not (tmp_path / "run").exists()
+    assert main(["finetune", "--task=fill-mask"]) == 2
+    assert "is not a task finetune does" in capsys.readouterr().err
 
 
 def test_pretrain_help_lists_the_config_keys(capsys: pytest.CaptureFixture) -> None:

@@ -1,4 +1,4 @@
-"""Regional torch.compile (``bertforge.train.parallelize.compile_layers``): compiled == eager,
+"""Regional torch.compile (``bertforge.speed.compile_layers``): compiled == eager,
 no recompile per batch.
 
 Inductor on the CPU (it needs a C++ compiler; the test skips without one). Each test compiles
@@ -17,7 +17,7 @@ import torch
 from bertforge.data.collate.mlm import collate_rows
 from bertforge.models import BertConfig, BertForPreTraining
 from bertforge.tasks.pretrain import pretraining_loss
-from bertforge.train.parallelize import (compile_layers, set_gradient_checkpointing,
+from bertforge.speed import (compile_layers, set_gradient_checkpointing,
                                          set_unpadding)
 
 pytestmark = [pytest.mark.slow,
@@ -93,7 +93,7 @@ def test_generation_runs_eagerly_on_a_model_compiled_for_training() -> None:
     from torch._dynamo.utils import counters
 
     from bertforge.models.generation import GenerationConfig
-    from bertforge.inference.generate import generate_texts
+    from bertforge.models.generation.texts import generate_texts
     from bertforge.models.bart import BartForConditionalGeneration
     from bertforge.models.bart_config import BartConfig
 

@@ -14,9 +14,9 @@ import torch
 
 from bertforge.data.loader import PretrainingLoader
 from bertforge.models.loading import open_model
-from bertforge.tasks.base import steps_for_epochs
+from bertforge.train.task import steps_for_epochs
 from bertforge.train.guards import load_for_training
-from bertforge.train.parallelize import apply_speed_options
+from bertforge.speed import apply_speed_options
 
 transformers = pytest.importorskip("transformers")
 

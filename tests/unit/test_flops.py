@@ -145,3 +145,129 @@ def test_last_layer_is_counted_where_the_heads_read_it() -> None:
     assert batch_train_flops(config, mask, predicted, True, read="predicted") == got
     classifier = batch_train_flops(config, mask, read="first")
     assert classifier == 3.0 * (full_layer + 4 * s * h * h + 4 * h * h + 4 * h * i + 4 * s * h)
+
+
+# --- the counts of each family, as they were before the family records gave the shapes --------
+# (issue 39: flops.py reads ``FamilySpec.shape`` instead of telling families apart by
+# ``model_type``; these numbers were captured from the code before that change)
+
+
+def golden_batch():
+    """Rows of 100, 128 and 7 real tokens (width 128) with every fifth token from the fourth
+    masked while real; one packed row of sequences of 5, 3 and 4 tokens, 3 masked."""
+    import torch
+
+    mask = torch.tensor([[1] * 100 + [0] * 28, [1] * 128, [1] * 7 + [0] * 121])
+    predicted = torch.zeros_like(mask, dtype=torch.bool)
+    predicted[:, 3:40:5] = True
+    packed = torch.ones(1, 12, dtype=torch.long)
+    packed_predicted = torch.zeros(1, 12, dtype=torch.bool)
+    packed_predicted[0, [1, 6, 9]] = True
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    return mask, predicted & mask.bool(), packed, packed_predicted, positions
+
+
+@pytest.mark.parametrize("model, nsp, windowed, read, flops", [
+    ("bert-base-uncased", True, True, None, 125143391232),
+    ("bert-base-uncased", True, True, "predicted", 117310095360),
+    ("bert-base-uncased", False, True, "first", 116680955904),
+    ("bert-large-uncased", False, True, None, 436896694272),
+    ("bert-large-uncased", True, True, "predicted", 423089553408),
+    ("bert-tiny", True, True, None, 1036180992),
+    ("modernbert-base", False, True, None, 164201232384),
+    # no NSP head and no partial last layer in ModernBERT: nsp and read change nothing
+    ("modernbert-base", True, True, "predicted", 164201232384),
+    ("modernbert-base", False, False, None, 164884027392),
+    ("modernbert-large", False, True, None, 497128488960),
+    ("modernbert-tiny", False, True, None, 502599936),
+])
+def test_encoder_counts_are_unchanged(model, nsp, windowed, read, flops) -> None:
+    from bertforge.models.registry import resolve_config
+    from bertforge.train.flops import batch_train_flops
+
+    mask, predicted, *_ = golden_batch()
+    config = resolve_config(model)[1]
+    assert batch_train_flops(config, mask, predicted, nsp, windowed=windowed, read=read) == flops
+
+
+@pytest.mark.parametrize("model, packed, choices, unmasked", [
+    ("bert-base-uncased", 6564105216, 114229352448, 122681143296),
+    ("bert-large-uncased", 22358495232, 418683052032, 433601150976),
+    ("modernbert-base", 8658432000, 160195442688, 160195442688),
+    ("modernbert-tiny", 65733120, 173379840, 173379840),
+])
+def test_packed_multiple_choice_and_unmasked_counts_are_unchanged(model, packed, choices,
+                                                                  unmasked) -> None:
+    from bertforge.models.registry import resolve_config
+    from bertforge.ops.unpad import token_layout
+    from bertforge.train.flops import batch_train_flops
+
+    mask, _, packed_mask, packed_predicted, positions = golden_batch()
+    config = resolve_config(model)[1]
+    layout = token_layout(packed_mask, positions)
+    assert batch_train_flops(config, packed_mask, packed_predicted, True, layout=layout) == packed
+    assert batch_train_flops(config, mask.reshape(1, 3, 128), read="first") == choices
+    assert batch_train_flops(config, mask) == unmasked
+
+
+@pytest.mark.parametrize("model, flops", [("bart-base", 159560769024),
+                                          ("bart-large", 480324372480),
+                                          ("bart-large-preln", 480324372480),
+                                          ("bart-tiny", 7581904128)])
+def test_encoder_decoder_counts_are_unchanged(model, flops) -> None:
+    import torch
+
+    from bertforge.models.registry import resolve_config
+    from bertforge.train.flops import seq2seq_train_flops
+
+    config = resolve_config(model)[1]
+    assert seq2seq_train_flops(config, torch.tensor([100, 7, 128]),
+                               torch.tensor([30, 5, 128])) == flops
+
+
+def test_bart_matches_a_hand_count() -> None:
+    """d 8, encoder 1 layer (F 16), decoder 2 layers (F 12), V 50; a 3-token source, 2-token
+    target."""
+    import torch
+
+    from bertforge.models.bart_config import BartConfig
+    from bertforge.train.flops import seq2seq_train_flops
+
+    config = BartConfig(vocab_size=50, d_model=8, encoder_layers=1, decoder_layers=2,
+                        encoder_attention_heads=2, decoder_attention_heads=2,
+                        encoder_ffn_dim=16, decoder_ffn_dim=12, max_position_embeddings=16)
+    d, s, t = 8, 3, 2
+    encoder = 8 * s * d * d + 4 * s * d * 16 + 4 * s * s * d
+    decoder = 2 * (8 * t * d * d + 4 * t * t * d + 4 * t * d * d + 4 * s * d * d
+                   + 4 * t * s * d + 4 * t * d * 12)
+    expected = 3 * (encoder + decoder + 2 * t * d * 50)
+    assert seq2seq_train_flops(config, torch.tensor([s]), torch.tensor([t])) == expected
+
+
+def test_the_count_of_the_wrong_kind_of_model_is_refused() -> None:
+    import torch
+
+    from bertforge.models.registry import resolve_config
+    from bertforge.train.flops import batch_train_flops, seq2seq_train_flops
+
+    with pytest.raises(ValueError, match="BartConfig is an encoder-decoder: count it with "
+                                         "seq2seq_train_flops"):
+        batch_train_flops(resolve_config("bart-tiny")[1], torch.ones(1, 4))
+    with pytest.raises(ValueError, match="BertConfig has no decoder"):
+        seq2seq_train_flops(resolve_config("bert-tiny")[1], torch.tensor([4]), torch.tensor([4]))
+
+
+def test_flops_reads_the_family_record_not_model_types() -> None:
+    """Issue 39: no family is told apart by name in the count; the record's shape decides."""
+    import ast
+    from pathlib import Path
+
+    import bertforge.train.flops as flops
+
+    source = Path(flops.__file__).read_text(encoding="utf-8")
+    names = {"bert", "bart", "modernbert", "BERT", "BART", "ModernBERT"}
+    compared = [node.lineno for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.Compare)
+                and any(isinstance(c, ast.Constant) and c.value in names
+                        for c in (node.left, *node.comparators))]
+    assert "model_type" not in source and compared == []

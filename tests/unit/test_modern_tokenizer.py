@@ -256,13 +256,13 @@ def test_a_long_qa_context_tokenized_in_pieces_is_tokenized_as_one(trained: Path
     """QA cuts contexts over a piece size before a space: byte-level BPE spells a word after a
     space ("Ġword") otherwise than at the start of a text, so a cut after the space changed
     the tokens."""
-    from bertforge.data.finetuning import qa_windows
+    from bertforge.data.finetuning import qa
     from bertforge.tokenization import load_tokenizer
 
     tok = load_tokenizer(trained)
     text = CORPUS.read_text(encoding="utf-8")[:3000].replace("\n", " ")
-    monkeypatch.setattr(qa_windows, "PIECE_CHARS", 97)
+    monkeypatch.setattr(qa, "PIECE_CHARS", 97)
     whole = tok.backend.encode(text, add_special_tokens=False)
-    (got,) = qa_windows._tokenize([text], tok)
+    (got,) = qa._tokenize([text], tok)
     assert got.ids.tolist() == whole.ids
     assert [tuple(o) for o in got.spans.tolist()] == whole.offsets

@@ -10,12 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.errors import CheckpointError, ConfigError
-from bertforge.models.modernbert import ModernBertModel
-from bertforge.models.modernbert_config import ModernBertConfig
-from bertforge.models.modernbert_heads import (
+from bertforge.models.modernbert import (
     ModernBertForMaskedLM,
     ModernBertForQuestionAnswering,
+    ModernBertModel,
+    apply_rotary,
+    rotary_tables,
 )
+from bertforge.models.modernbert_config import ModernBertConfig
 from bertforge.models.registry import (
     MODERNBERT,
     family_of_architecture,
@@ -23,9 +25,8 @@ from bertforge.models.registry import (
     preset_family,
     resolve_config,
 )
-from bertforge.ops.rotary import apply_rotary, rotary_tables
+from bertforge.ops.attention import WindowPlan, attend, band_keep_mask, blocked_window_attention
 from bertforge.ops.unpad import token_layout
-from bertforge.ops.window import band_keep_mask, blocked_window_attention, window_attend
 
 TINY = dict(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=3,
             num_attention_heads=2, local_attention=6, pad_token_id=0, bos_token_id=1,
@@ -51,7 +52,8 @@ def test_presets_and_registry():
     assert family_of_architecture("ModernBertForMaskedLM") == (MODERNBERT, "masked-lm")
     family, cfg = resolve_config("modernbert-tiny")
     assert family is MODERNBERT and isinstance(cfg, ModernBertConfig)
-    assert MODERNBERT.inputs == ("input_ids", "attention_mask") and MODERNBERT.tokenizer == "bpe"
+    assert MODERNBERT.inputs == ("input_ids", "attention_mask")
+    assert MODERNBERT.tokenizer == "modernbert"  # what `bertforge vocab --type` trains
 
 
 def test_num_parameters_counts_the_model():
@@ -130,14 +132,14 @@ def test_blocked_window_attention_matches_dense(window, block):
     assert torch.allclose(got, _dense_window(q, k, v, sequence, window), atol=1e-5)
 
 
-def test_window_attend_padded_equals_unpadded():
+def test_attend_window_padded_equals_unpadded():
     gen = torch.Generator().manual_seed(1)
     mask = (torch.arange(30)[None, :] < torch.tensor([30, 12, 25])[:, None]).long()
     q, k, v = torch.randn(3, 3, 30, 2, 8, generator=gen)
     keep = band_keep_mask(mask.bool()[:, None, None, :], 30, 3)
-    padded = window_attend(q, k, v, keep, 3)
+    padded = attend(q, k, v, keep)
     layout = token_layout(mask)
-    flat = window_attend(*(layout.unpad(x) for x in (q, k, v)), layout, 3)
+    flat = attend(*(layout.unpad(x) for x in (q, k, v)), WindowPlan(layout, 3))
     assert torch.allclose(layout.unpad(padded), flat, atol=1e-5)
     assert band_keep_mask(None, 4, 3) is None      # the band covers every pair: no mask
 

@@ -1,18 +1,20 @@
-"""The encoder's last layer computed only where a head reads it (``BertModel.forward(only_at=)``)
+"""The encoder's last layer computed only where a head reads it (``bertforge.speed.use_partial_rows``, applied from outside)
 and its kernel, :func:`bertforge.ops.attention.attend_at`: queries at some tokens only, over
 the keys of their whole sequence. Outputs and gradients must equal the full computation's at
 those tokens, for every layout (padded rows, unpadded tokens, packed rows)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
-from bertforge.models import BertConfig, BertForSequenceClassification, BertModel
-from bertforge.models.heads import BertForMultipleChoice
+from bertforge.models import BertConfig, BertForSequenceClassification
+from bertforge.models.bert import BertForMaskedLM, BertForMultipleChoice, BertForPreTraining
 from bertforge.ops.attention import attend_at, varlen_attention
 from bertforge.ops.unpad import token_layout
-from bertforge.train.parallelize import set_unpadding
+from bertforge.speed import apply_speed_options, read_positions, set_unpadding
 
 TOL = dict(atol=2e-5, rtol=1e-4)
 LENGTHS = [7, 1, 12, 5, 64, 33, 96, 40]  # several length buckets, one of full rows (64, 96)
@@ -55,6 +57,13 @@ def test_attend_at_equals_full_attention_at_the_rows() -> None:
     assert attend_at(q.index_select(0, none), k, v, layout, none).shape == (0, 2, 8)
 
 
+def plain_and_partial(model):
+    """(the model as built, a copy with the partial last layer applied from outside)."""
+    partial = apply_speed_options(copy.deepcopy(model), cpu_kernels=False)
+    assert type(partial.bert).__name__ == "PartialRowsBertModel"
+    return model, partial
+
+
 @pytest.mark.parametrize("unpad", [False, True])
 def test_classifier_logits_and_gradients_equal_the_full_pass(unpad) -> None:
     torch.manual_seed(0)
@@ -68,48 +77,64 @@ def test_classifier_logits_and_gradients_equal_the_full_pass(unpad) -> None:
     mask.view(-1)[layout.indices] = 1
     ids = torch.randint(5, 97, mask.shape) * mask
     runs = []
-    for only_at in ("first", None):
-        model.zero_grad()
-        out = model.bert(ids, mask, only_at=only_at)
-        logits = model.classifier(out.pooler_output)
+    for m in plain_and_partial(model):
+        logits = m(ids, mask).logits
         (logits * torch.arange(3.0, dtype=torch.float64)).sum().backward()
-        runs.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        runs.append((logits.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    assert read_positions(model) is None and read_positions(plain_and_partial(model)[1]) == "first"
     torch.testing.assert_close(runs[0][0], runs[1][0], **TOL)
-    for name, grad in runs[1][1].items():
-        torch.testing.assert_close(runs[0][1][name], grad, **TOL, msg=name)
-    # the model's own forward takes the short path
-    torch.testing.assert_close(model(ids, mask).logits, runs[1][0], **TOL)
+    assert runs[0][1].keys() == runs[1][1].keys()
+    for name, grad in runs[0][1].items():
+        torch.testing.assert_close(runs[1][1][name], grad, **TOL, msg=name)
+
+
+@pytest.mark.parametrize("cls", [BertForPreTraining, BertForMaskedLM])
+def test_masked_lm_logits_equal_the_full_pass_and_the_state_dict_is_unchanged(cls) -> None:
+    torch.manual_seed(3)
+    model = cls(BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2,
+                           num_attention_heads=2, intermediate_size=32,
+                           max_position_embeddings=32, pre_layernorm=True)).eval()
+    plain, partial = plain_and_partial(model)
+    assert plain.state_dict().keys() == partial.state_dict().keys()
+    ids = torch.randint(5, 60, (3, 20))
+    mask = (torch.arange(20) < torch.tensor([[20], [7], [13]])).long()
+    for positions in (torch.tensor([2, 5, 21, 44, 45]), mask.bool() & (ids % 3 == 0), None):
+        want, got = plain(ids, mask, None, positions), partial(ids, mask, None, positions)
+        for a, b in zip(vars(want).values(), vars(got).values()):
+            torch.testing.assert_close(b, a, **TOL)
+        kw = partial(ids, mask, masked_positions=positions)  # by keyword too
+        torch.testing.assert_close(vars(kw)[next(iter(vars(kw)))],
+                                   vars(want)[next(iter(vars(want)))], **TOL)
 
 
 def test_multiple_choice_scores_equal_the_full_pass() -> None:
     torch.manual_seed(1)
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=16)
-    model = BertForMultipleChoice(config).eval()
-    set_unpadding(model, True)
+    plain, partial = plain_and_partial(BertForMultipleChoice(config).eval())
+    set_unpadding(partial, True)
     ids = torch.randint(5, 50, (3, 4, 16))
     mask = (torch.arange(16) < torch.randint(2, 17, (3, 4, 1))).long()
-    pooled = model.bert(ids.view(12, 16), mask.view(12, 16)).pooler_output
-    torch.testing.assert_close(model(ids, mask).logits, model.classifier(pooled).view(3, 4),
-                               **TOL)
+    torch.testing.assert_close(partial(ids, mask).logits, plain(ids, mask).logits, **TOL)
 
 
 def test_a_partial_pass_refuses_what_it_did_not_compute() -> None:
-    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                 num_attention_heads=2, intermediate_size=32)).eval()
+    model = BertForPreTraining(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=32)).eval()
+    apply_speed_options(model)
     ids = torch.randint(5, 50, (2, 9))
     positions = torch.tensor([3, 12])
-    out = model(ids, only_at=positions)
+    model.bert.read_at = positions  # what the task model's hook does
+    out = model.bert(ids)
     assert out.select(positions).shape == (2, 16) and out.pooler_output.shape == (2, 16)
-    torch.testing.assert_close(out.select(positions), model(ids).select(positions), **TOL)
-    with pytest.raises(ValueError, match="without only_at for every token"):
+    assert model.bert.read_at is None  # one pass only: the encoder alone computes every token
+    torch.testing.assert_close(out.select(positions), model.bert(ids).select(positions), **TOL)
+    with pytest.raises(ValueError, match="call the model's encoder directly"):
         out.last_hidden_state
     with pytest.raises(ValueError, match="select those"):
         out.select(positions.clone())
-    with pytest.raises(ValueError, match="only_at must be 'first'"):
-        model(ids, only_at="last")
     with pytest.raises(ValueError, match="bool tensor of shape"):
-        model(ids, only_at=torch.ones(3, 9, dtype=torch.bool))
+        model(ids, masked_positions=torch.ones(3, 9, dtype=torch.bool))
 
 
 def test_training_with_dropout_runs_the_short_path() -> None:
@@ -117,7 +142,7 @@ def test_training_with_dropout_runs_the_short_path() -> None:
     model = BertForSequenceClassification(BertConfig(
         vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=32, max_position_embeddings=64), num_labels=2)
-    set_unpadding(model, True)
+    apply_speed_options(model, unpad=True)
     layout = layout_of([5, 64, 30])
     mask = torch.zeros(3, 64, dtype=torch.long)
     mask.view(-1)[layout.indices] = 1

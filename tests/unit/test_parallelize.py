@@ -22,9 +22,9 @@ from bertforge.errors import ConfigError
 from bertforge.models import BertConfig, BertForPreTraining
 from bertforge.models.bart import BartForConditionalGeneration
 from bertforge.models.bart_config import BartConfig
-from bertforge.tasks.base import steps_for_epochs
+from bertforge.train.task import steps_for_epochs
 from bertforge.train.distributed import DistInfo
-from bertforge.train.parallelize import apply_speed_options, check_attention_backend
+from bertforge.speed import apply_speed_options, check_attention_backend
 from bertforge.train.run import _Setup
 
 

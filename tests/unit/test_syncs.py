@@ -18,8 +18,8 @@ from bertforge.ops.unpad import LAYOUT_KEYS
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.tasks.pretrain import pretraining_loss
 from bertforge.train.loop import train_step
-from bertforge.train.parallelize import set_unpadding
-from bertforge.train.precision import build_precision
+from bertforge.speed import set_unpadding
+from bertforge.runtime.precision import build_precision
 from bertforge.train.syncs import SyncCounter, cuda_sync_warnings, host_resident
 
 GUARD = "read a value (.item(), bool(), int())"

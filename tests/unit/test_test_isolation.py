@@ -25,7 +25,7 @@ def test_unmarked_tests_and_their_children_see_no_gpu() -> None:
 def test_loading_a_pipeline_leaves_matmul_precision_alone() -> None:
     """Building a precision for a GPU (what load_pipeline and every run do) must not switch the
     whole process to TF32: a later fp32 parity test would then compare TF32 numbers."""
-    from bertforge.train.precision import build_precision
+    from bertforge.runtime.precision import build_precision
 
     before = torch.get_float32_matmul_precision()
     precision = build_precision("fp32", torch.device("cuda"))

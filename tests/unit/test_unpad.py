@@ -24,7 +24,7 @@ from bertforge.models.bart_config import BartConfig
 from bertforge.ops.attention import varlen_attention
 from bertforge.ops.unpad import TokenLayout, layout_from_batch, packed_keep_mask, token_layout
 from bertforge.tasks.pretrain import pretraining_loss
-from bertforge.train.parallelize import set_gradient_checkpointing, set_unpadding
+from bertforge.speed import set_gradient_checkpointing, set_unpadding
 
 CPU_BACKENDS = ("padded", "nested")
 TOL = dict(atol=2e-5, rtol=1e-4)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,9 @@ class Command:
     in the epilog. ``recipes``: the folders whose recipe names ``--config`` also accepts.
     ``passthrough``: a list field that collects the ``--key=value`` settings that are not this
     config's keys (predict hands them to the fine-tuning config of a run). ``saves``: where the
-    resolved config is written, for ``--help``.
+    resolved config is written, for ``--help``. ``key_help``: help texts of config keys (dotted)
+    that replace the fields' own in ``--help``, made when the help is printed: text from the
+    registries, which the config modules below them may not read (``--task``'s list of tasks).
     """
 
     name: str
@@ -35,9 +37,10 @@ class Command:
     recipes: tuple[str, ...] = ()
     passthrough: str | None = None
     saves: str = ""
+    key_help: Callable[[], Mapping[str, str]] | None = None
 
-    def invoke(self, cfg: Any, options: Any = None) -> int:
-        return self.run(cfg, options) if self.options is not None else self.run(cfg)
+    def help_of_keys(self) -> Mapping[str, str]:
+        return self.key_help() if self.key_help is not None else {}
 
 
 def beside(output: str | Path) -> Path:

@@ -11,6 +11,7 @@ from bertforge.core.limits import POOLINGS
 from bertforge.errors import ConfigError
 from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
 from bertforge.serve.settings import SETTING_NAMES, ServeSettings
+from bertforge.tasks.registry import task_choices
 
 _LIMITS = ServeSettings()  # the server's defaults, defined once there
 
@@ -27,9 +28,8 @@ class ServeConfig:
     host: str = opt("127.0.0.1", "Address to listen on (0.0.0.0 accepts other machines: set an "
                     "API key).")
     port: int = opt(8000, "TCP port (0: a free one).")
-    task: Optional[str] = opt(None, "question-answering, text-classification, "
-                              "token-classification, fill-mask, summarization or "
-                              "feature-extraction (default: from the model's config.json).")
+    task: Optional[str] = opt(None, "The task to serve, by name or alias (default: from the "
+                              "model's config.json); --help lists them.")
     backend: str = opt("torch", "torch, or onnxruntime on model.onnx / model.int8.onnx of an "
                        "export.", choices=("torch", "onnx", "onnx-int8"))
     precision: str = opt("auto", "torch backend: auto (bf16 autocast on GPUs that support it, "
@@ -179,9 +179,15 @@ def _export_sentence_transformers(cfg: ExportConfig) -> int:
     return 0
 
 
+def serve_key_help() -> dict[str, str]:
+    """``--task``'s help: the served tasks, from their records."""
+    return {"task": f"{task_choices(served=True)}, or an alias (default: from the model's "
+                    "config.json)."}
+
+
 SERVE = Command("serve", "Serve a model over HTTP (its task's endpoint, /v1/embeddings, "
                 "/health, /metrics, /docs, a page at /) with dynamic batching.", ServeConfig,
-                run_serve)
+                run_serve, key_help=serve_key_help)
 EXPORT = Command("export", "Export a fine-tuned BERT to ONNX (parity-checked), optionally "
                  "int8-quantized and as a Triton model repository, or as a sentence-transformers "
                  "embedding model.", ExportConfig, run_export,

@@ -12,6 +12,7 @@ from bertforge.commands.base import Command
 from bertforge.config import FinetuneConfig, PretrainConfig
 from bertforge.core.numbers import ascii_int
 from bertforge.core.schema import opt
+from bertforge.tasks.registry import get_task, task_help
 
 
 def seed_list(text: str) -> list[int]:
@@ -57,6 +58,7 @@ def run_pretrain(cfg: PretrainConfig, options: PretrainOptions) -> int:
 
 
 def run_finetune(cfg: FinetuneConfig, options: FinetuneOptions) -> int:
+    get_task(cfg.task, command="finetune")  # a wrong name: the closest one, before any work
     from bertforge.tasks.finetune import benchmark_finetuning, finetune, finetune_seeds
 
     if options.benchmark:
@@ -68,10 +70,16 @@ def run_finetune(cfg: FinetuneConfig, options: FinetuneOptions) -> int:
     return 0
 
 
+def finetune_key_help() -> dict[str, str]:
+    """``--task``'s help: the tasks finetune trains, from their records."""
+    tasks = task_help("finetune").replace("\n", "\n  ")
+    return {"task": f"A task's name or one of its aliases:\n  {tasks}"}
+
+
 PRETRAIN = Command("pretrain", "Pretrain BERT (MLM + NSP) or BART (denoising) on prepared data.",
                    PretrainConfig, run_pretrain, options=PretrainOptions, flat=False,
                    recipes=("pretrain", "debug"), saves="output_dir/config.yaml")
 FINETUNE = Command("finetune", "Fine-tune and evaluate on SQuAD, GLUE, your own classification "
                    "data, SWAG, token classification or summarization (BART).", FinetuneConfig,
                    run_finetune, options=FinetuneOptions, flat=False, recipes=("finetune",),
-                   saves="output_dir/config.yaml")
+                   saves="output_dir/config.yaml", key_help=finetune_key_help)

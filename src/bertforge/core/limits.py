@@ -26,7 +26,7 @@ POOLINGS = ("mean", "cls", "last")
 tokens, the first token ([CLS]/<s>) or the last real token."""
 ATTENTION_BACKENDS = ("auto", "flash", "torch-flash", "nested", "padded")
 FUSED_ATTENTION_BACKENDS = ("flash", "torch-flash")
-SCHEDULES = ("poly", "linear", "constant", "wsd")  # bertforge.optim.schedules
+SCHEDULES = ("poly", "linear", "constant", "wsd")  # bertforge.optim.build
 DECAY_SHAPES = ("linear", "1-sqrt")  # the decay phase of "wsd"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 INPUT_FORMATS = ("auto", "sentences", "paragraphs", "jsonl", "wiki")  # bertforge.data.corpus

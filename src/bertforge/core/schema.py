@@ -377,18 +377,20 @@ def save_config(cfg: Any, path: str | Path, *, unset: Sequence[str] = ()) -> Pat
     return write_text_atomic(Path(path), OmegaConf.to_yaml(data))
 
 
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """One help line per key: ``--key=DEFAULT  (type)`` and its help text."""
+def describe(cls: type, prefix: str = "", helps: Mapping[str, str] | None = None) -> list[str]:
+    """One help entry per key: ``--key=DEFAULT  (type)`` and its help text, the field's own
+    unless ``helps`` has one for the dotted key (text a lower layer cannot write, e.g. the task
+    registry's list of tasks); a help of several lines is indented as one."""
     lines = []
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         if section_type(f) is not None:
-            lines += describe(section_type(f), key + ".")
+            lines += describe(section_type(f), key + ".", helps)
             continue
         typ = getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
         mark = "  [run-defining: a resume must match]" if f.metadata.get("run_defining") else ""
-        lines.append(f"  --{key}={default_of(f)!r}  ({typ}){mark}\n"
-                     f"      {f.metadata.get('help', '')}")
+        text = (helps or {}).get(key, f.metadata.get("help", "")).replace("\n", "\n      ")
+        lines.append(f"  --{key}={default_of(f)!r}  ({typ}){mark}\n      {text}")
     return lines
 
 

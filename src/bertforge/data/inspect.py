@@ -142,24 +142,22 @@ def _denoise_samples(ds: native.NativeDataset, split: str, tok: Any, picks: list
                      seed: int) -> str:
     """Original and noised text of ``picks`` (the loader's epoch-0 draws with ``seed`` and the
     default noise recipe), then noise statistics over up to ``STATISTICS_SAMPLES`` documents."""
-    from bertforge.config import NoiseConfig
     from bertforge.data.collate.seq2seq import DenoisingBatchMaker
     from bertforge.data.noise_statistics import noise_statistics
-    from bertforge.tasks.denoise import noise_vocab
+    from bertforge.data.noising import DEFAULT_NOISE, noise_vocab
 
     if tok is None:
         return "(no tokenizer next to the data: cannot show denoising samples)"
-    noise_cfg = NoiseConfig()
     vocab = noise_vocab(tok)
-    maker = DenoisingBatchMaker(ds, seed=seed, spec=noise_cfg.spec(), vocab=vocab,
+    maker = DenoisingBatchMaker(ds, seed=seed, spec=DEFAULT_NOISE, vocab=vocab,
                                 pad_id=tok.pad_id,
                                 max_source_length=1 << 30)
 
     def text(ids: np.ndarray) -> str:
         return tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    out = [f"noise: the default recipe ({', '.join(f'{k} {v}' for k, v in vars(noise_cfg).items())}"
-           f"); loader draw with seed {seed}, epoch 0"]
+    recipe = ", ".join(f"{k} {v}" for k, v in vars(DEFAULT_NOISE).items())
+    out = [f"noise: the default recipe ({recipe}); loader draw with seed {seed}, epoch 0"]
     for i in picks:
         source, target = maker.pair(i, epoch=0)
         _, ends = ds.get_sentences(i)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Real
+from typing import Any
 
 import numpy as np
 
@@ -130,6 +131,18 @@ class NoiseVocab:
         """(L,) bool: which of the (L,) ``tokens`` are special ids."""
         at = np.searchsorted(self.special_ids, tokens)
         return self.special_ids[np.minimum(at, len(self.special_ids) - 1)] == tokens
+
+
+def noise_vocab(tokenizer: Any) -> NoiseVocab:
+    """What noising needs from the data's tokenizer (its specials, mask id and word starts)."""
+    specials = normalize_special_ids([tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id,
+                                      tokenizer.sep_id, tokenizer.mask_id])
+    starts = getattr(tokenizer, "is_word_start", None)
+    if starts is None and getattr(tokenizer, "is_continuation", None) is not None:
+        starts = ~tokenizer.is_continuation  # WordPiece: a word starts where "##" pieces do not
+    return NoiseVocab(mask_id=int(tokenizer.mask_id), bos_id=int(tokenizer.cls_id),
+                      eos_id=int(tokenizer.sep_id), vocab_size=int(tokenizer.vocab_size),
+                      special_ids=specials, is_word_start=starts)
 
 
 def check_noise_spec(spec: NoiseSpec) -> None:

@@ -182,7 +182,7 @@ def _bart(workdir: Path, corpus: Path, steps: int) -> dict:
     from bertforge.models.generation import GenerationConfig, generate
     from bertforge.models.bart import BartForConditionalGeneration
     from bertforge.data.collate.seq2seq import DenoisingBatchMaker
-    from bertforge.tasks.denoise import noise_vocab
+    from bertforge.data.noising import noise_vocab
     from bertforge.tasks.pretrain import pretrain
     from bertforge.tokenization import load_tokenizer
     from bertforge.tokenization.training import train_bpe

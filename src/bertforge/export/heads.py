@@ -6,7 +6,8 @@ exportable``) and the task of each head kind records its signature
 (``FamilySpec.inputs``, each (batch, sequence) int64: ``input_ids``, ``attention_mask`` and,
 for BERT, ``token_type_ids``; ModernBERT has no token types) and returns the fields of the
 head's output dataclass, in field order and under the field names (``start_logits``/
-``end_logits``, ``logits``, ``last_hidden_state``/``pooler_output``). Naming outputs after the
+``end_logits``, ``logits``, ``last_hidden_state``/``pooler_output``), less those its class
+always leaves None (``FamilySpec.export_omits``). Naming outputs after the
 dataclass fields lets ``OnnxModel`` rebuild the very object the PyTorch head returns, so code
 written against a PyTorch model runs unchanged on onnxruntime.
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from bertforge.errors import ConfigError
 from bertforge.models.loading import ModelSource, model_directory, open_model
-from bertforge.models.registry import FAMILIES, family_of_architecture
+from bertforge.models.registry import BERT, FAMILIES, FamilySpec, family_of_architecture
 from bertforge.tasks.registry import ENCODER_INPUTS, TASKS, TaskSpec
 
 INPUT_NAMES = ENCODER_INPUTS
@@ -46,7 +47,7 @@ class HeadSpec:
     inputs: tuple[str, ...] = INPUT_NAMES
     """Graph inputs, in order, each (batch, sequence) int64: the family's ``FamilySpec.inputs``."""
     family: str = "BERT"
-    """``FamilySpec.name`` of the model class."""
+    """``FamilySpec.name`` of the model class (for messages: nothing is decided by it)."""
     omitted: tuple[str, ...] = ()
     """Fields of ``output_type`` this class always leaves None (ModernBERT has no pooler): not
     graph outputs, and None in the object ``OnnxModel`` rebuilds."""
@@ -68,24 +69,21 @@ class HeadSpec:
                 if k not in self.omitted}
 
 
-_NO_POOLER = {"ModernBERT": ("pooler_output",)}
-"""Family -> outputs its bare encoder leaves None (``HeadSpec.omitted`` of its base head)."""
-
-
-def _heads() -> dict[str, HeadSpec]:
+def family_heads(family: FamilySpec) -> dict[str, HeadSpec]:
+    """Architecture -> signature of each model class ``family``'s record lists as exportable
+    (``FamilySpec.exportable``, with its ``inputs`` and ``export_omits``)."""
     out = {}
-    for family in FAMILIES:
-        for head in family.exportable:
-            task = next(t for t in TASKS if t.head == head and t.export is not None)
-            name = family.heads[head].name
-            omitted = _NO_POOLER.get(family.name, ()) if head == "base" else ()
-            out[name] = HeadSpec(name, head, task, family.inputs, family.name, omitted)
+    for head in family.exportable:
+        task = next(t for t in TASKS if t.head == head and t.export is not None)
+        name = family.heads[head].name
+        out[name] = HeadSpec(name, head, task, family.inputs, family.name,
+                             tuple(family.export_omits.get(head, ())))
     return out
 
 
-EXPORTABLE: dict[str, HeadSpec] = _heads()
+EXPORTABLE: dict[str, HeadSpec] = {k: v for f in FAMILIES for k, v in family_heads(f).items()}
 """Architecture -> signature of every exportable model class, of every family."""
-HEADS: dict[str, HeadSpec] = {k: v for k, v in EXPORTABLE.items() if v.family == "BERT"}
+HEADS: dict[str, HeadSpec] = family_heads(BERT)
 """The BERT family's part of ``EXPORTABLE`` (BERT's classes, as this name has always held)."""
 
 
@@ -111,4 +109,5 @@ def resolve_head(model_dir: str | os.PathLike[str],
     return EXPORTABLE[names[0]], source
 
 
-__all__ = ["EXPORTABLE", "HEADS", "INPUT_NAMES", "SEQUENCE", "HeadSpec", "resolve_head"]
+__all__ = ["EXPORTABLE", "HEADS", "INPUT_NAMES", "SEQUENCE", "HeadSpec", "family_heads",
+           "resolve_head"]

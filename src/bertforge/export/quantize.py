@@ -115,7 +115,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def compare_int8(fp32: Any, int8: Any, spec: HeadSpec, sample: EncodedSample, inputs: str,
                  path: Path, fp32_path: Path) -> QuantizationReport:
     """Run both sessions over ``sample`` and measure how far int8 moved (module docstring)."""
-    from bertforge.data.finetuning.qa_postprocess import postprocess_qa
+    from bertforge.data.finetuning.qa import postprocess_qa
     from bertforge.metrics.squad import token_f1
 
     report = QuantizationReport(path=path, size_bytes=path.stat().st_size,

@@ -42,7 +42,6 @@ from bertforge.models.bart_layers import (POSITION_OFFSET, BartDecoderLayer, Bar
                                           decoder_self_mask)
 from bertforge.models.bart_varlen import Seq2SeqLayout, target_layout
 from bertforge.models.hub import PreTrainedModel
-from bertforge.ops.dropout import Dropout
 from bertforge.ops.unpad import Layout, TokenLayout, batch_layout, padding_keep_mask
 
 
@@ -74,7 +73,7 @@ class _Stack(nn.Module):
         if config.normalize_before:
             # Pre-LN residual streams are never normalised inside the layers.
             self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.gradient_checkpointing = False
         """Recompute each layer's activations in backward instead of storing them (training)."""
 
@@ -411,7 +410,7 @@ class BartClassificationHead(nn.Module):
     def __init__(self, config: BartConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.d_model, config.d_model)
-        self.dropout = Dropout(config.classifier_dropout)
+        self.dropout = nn.Dropout(config.classifier_dropout)
         self.out_proj = nn.Linear(config.d_model, config.num_labels)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from bertforge.errors import ConfigError
 from bertforge.models.config_base import ModelConfig, head_split
+from bertforge.models.shapes import ModelShape, Stack
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "tanh")
 
@@ -212,4 +213,15 @@ class BartConfig(ModelConfig):
         return data
 
 
-__all__ = ["ACTIVATIONS", "BART_PRESETS", "BartConfig"]
+def bart_shape(config: Any) -> ModelShape:
+    """BART: encoder and decoder of width ``d_model``, an LM head (tied, no transform) over
+    every target token."""
+    return ModelShape(
+        hidden=config.d_model, vocab=config.vocab_size,
+        encoder=Stack(config.encoder_layers, config.encoder_ffn_dim),
+        decoder=Stack(config.decoder_layers, config.decoder_ffn_dim),
+        parameters=config.num_parameters(), positions=config.max_position_embeddings,
+        lm_transform=False)
+
+
+__all__ = ["ACTIVATIONS", "BART_PRESETS", "BartConfig", "bart_shape"]

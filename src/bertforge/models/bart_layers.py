@@ -32,7 +32,6 @@ from bertforge.models.bart_cache import LayerCache
 from bertforge.models.bart_config import BartConfig
 from bertforge.models.bart_varlen import Seq2SeqLayout, causal_attention, cross_attention
 from bertforge.ops.attention import Attend, attend, resolve_backend, sdpa
-from bertforge.ops.dropout import Dropout
 from bertforge.ops.unpad import TokenLayout
 
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 (a fairseq legacy kept by all ports)
@@ -142,7 +141,7 @@ class _Block(nn.Module):
     def __init__(self, config: BartConfig) -> None:
         super().__init__()
         self.pre_ln = config.normalize_before
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def residual(self, x: torch.Tensor, norm: nn.LayerNorm,
                  branch: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -163,7 +162,7 @@ class BartEncoderLayer(_Block):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d, eps=eps)
         self.act = activation(config.activation_function)
-        self.activation_dropout = Dropout(config.activation_dropout)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation_dropout(self.act(self.fc1(x))))

@@ -1,33 +1,43 @@
-"""The BERT encoder: embeddings, transformer layers, pooler, and ``BertModel``.
+"""BERT: embeddings, layers, encoder, pooler, task heads and initialisation, in one file.
 
-Pure ``nn.Module`` code: no losses, data, precision or parallelism. Parameter names are those of
-Hugging Face BERT, so ``BertModel().state_dict()`` *is* a transformers ``BertModel`` checkpoint
-(except that embedding rows are padded to ``config.padded_vocab_size``; ``save_pretrained`` trims them).
+Plain ``nn.Linear``/``nn.Dropout``/``nn.LayerNorm`` and one call into the shared attention
+function (``bertforge.ops.attention.attend``: SDPA over padded rows, a variable-length kernel
+over unpadded tokens). Speed is applied from outside (``bertforge.speed``): unpadding flags,
+CPU kernels and the partial last layer; this file knows nothing of them.
+
+Module and parameter names are Hugging Face's, so ``state_dict()`` *is* the transformers
+checkpoint of the class of the same name (embedding rows are padded to
+``config.padded_vocab_size``; ``save_pretrained`` trims them). Models return logits only;
+losses live with the training code.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertforge.errors import DataError
-from bertforge.models.attention import BertAttention, BertResidualOutput
 from bertforge.models.config import BertConfig
 from bertforge.models.hub import PreTrainedModel
-from bertforge.ops.attention import Attend
-from bertforge.ops.dropout import Dropout
-from bertforge.ops.linear import Linear
-from bertforge.ops.unpad import Layout, RowLayout, TokenLayout, batch_layout
+from bertforge.models.outputs import (
+    BertModelOutput,
+    BertPreTrainingOutput,
+    ClassifierOutput,
+    MaskedLMOutput,
+    QuestionAnsweringOutput,
+)
+from bertforge.ops.attention import Attend, attend
+from bertforge.ops.unpad import TokenLayout, batch_layout
 
-OnlyAt = str | torch.Tensor | None
-"""Where ``BertModel.forward`` computes final states: None (every token), ``"first"`` (each
-sequence's first token) or a head's positions, a (B, S) bool mask or ascending flat positions."""
+ACT2FN = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
+"""``config.hidden_act`` -> the function (the names ``BertConfig`` accepts)."""
 
 
 class BertPreTrainedModel(PreTrainedModel):
-    """Base of all bertforge BERT classes: BERT's names for the generic loading code, and its
-    weight initialisation."""
+    """Base of all BERT classes: BERT's names for the generic loading code, and its weight
+    initialisation."""
 
     config: BertConfig
     config_class = BertConfig
@@ -40,18 +50,11 @@ class BertPreTrainedModel(PreTrainedModel):
     vocab_row_suffixes = ("embeddings.word_embeddings.weight", "cls.predictions.bias")
     # A fill-mask or QA model never uses the pooler, and transformers omits it from such files.
     optional_prefixes = ("bert.pooler.", "pooler.")
-    last_layer_at: str | None = None
-    """Where the heads read the final states, so where the encoder's last layer runs
-    (``BertModel.forward``'s ``only_at``; ``bertforge.train.flops.read_tokens``): None (every
-    token), "first" or "predicted" (the masked positions given to ``forward``)."""
 
-    # ------------------------------------------------------------------ initialisation
     def init_weights(self, skip_prefix: str | None = None) -> None:
-        """BERT initialisation: weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0.
-
-        Embedding rows past ``vocab_size`` and the [PAD] row are zeroed. ``skip_prefix`` names a
-        submodule already initialised by its own constructor (the encoder inside task models).
-        """
+        """Weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0; embedding rows past
+        ``vocab_size`` and the [PAD] row zeroed. ``skip_prefix`` names a submodule already
+        initialised by its own constructor (the encoder inside task models)."""
         self.normal_init_(self.config.initializer_range, skip_prefix)
         with torch.no_grad():
             # A tied decoder re-draws the embedding matrix above, so the zero rows are set last.
@@ -85,87 +88,21 @@ class BertPreTrainedModel(PreTrainedModel):
         return []
 
 
-class BertModelOutput:
-    """Encoder outputs. The final states stay in the layout the pass ran in (``states``:
-    (B, S, H) padded rows, or the (T, H) real tokens of an unpadded pass, ``layout``) and are
-    padded into ``last_hidden_state`` only if a caller asks for it. A pass run with ``only_at``
-    (``BertModel.forward``) has its final states at those positions only (``at``)."""
-
-    def __init__(self, last_hidden_state: torch.Tensor | None = None,
-                 pooler_output: torch.Tensor | None = None, *,
-                 states: torch.Tensor | None = None, layout: Layout | None = None,
-                 at: torch.Tensor | None = None, only_at: OnlyAt = None) -> None:
-        given = sum(x is not None for x in (last_hidden_state, states, at))
-        if given != 1 or (states is None) != (layout is None) or (at is None) != (only_at is None):
-            raise ValueError("BertModelOutput needs last_hidden_state, states with their layout, "
-                             "or the states at only_at")
-        if last_hidden_state is not None:
-            states, layout = last_hidden_state, RowLayout(None, tuple(last_hidden_state.shape[:2]))
-        self.states, self.layout, self._padded = states, layout, last_hidden_state
-        self.at, self.only_at = at, only_at
-        self.pooler_output = pooler_output
-        """(N, H) tanh(dense(hidden of each sequence's first token)), N = B unless rows are
-        packed, or None for models built without a pooler."""
-
-    @property
-    def last_hidden_state(self) -> torch.Tensor:
-        """(B, S, H) final hidden states (after the final LayerNorm for pre-LN models); zeros at
-        padding when the pass ran unpadded."""
-        if self.states is None:
-            raise ValueError("this pass computed the final states only at only_at's positions; "
-                             "run the model without only_at for every token's")
-        if self._padded is None:
-            self._padded = self.layout.exit(self.states)
-        return self._padded
-
-    def select(self, masked_positions: torch.Tensor | None) -> torch.Tensor:
-        """Hidden states where a head predicts: (N, H) at the True entries of a (B, S) bool mask
-        or at (N,) int64 flat positions ``row * S + column`` (ascending), in row-major order;
-        every position, (B, S, H), when ``masked_positions`` is None. A pass run with
-        ``only_at=masked_positions`` has exactly these.
-
-        Running the MLM head only where labels exist skips the (B*S, H) x (H, V) matmul for the
-        ~85% of tokens that are not predicted. A bool mask costs one device->host sync for N;
-        flat positions (what the pretraining loader ships) cost none.
-        """
-        if self.at is not None:
-            if masked_positions is not self.only_at:
-                raise ValueError("this pass computed the final states only at only_at's "
-                                 "positions: select those (the same tensor) or run without only_at")
-            return self.at
-        if masked_positions is None:
-            return self.last_hidden_state
-        check_positions(masked_positions, self.layout.shape)
-        return self.states.flatten(0, -2).index_select(0, self.layout.rows_of(masked_positions))
-
-
-def check_positions(positions: torch.Tensor, shape: tuple[int, int]) -> None:
-    """ValueError unless ``positions`` is a (B, S) bool mask or (N,) integer flat positions."""
-    if positions.dtype == torch.bool:
-        if positions.shape != shape:
-            raise ValueError(f"masked_positions must be a bool tensor of shape {shape} or "
-                             f"int64 flat positions, got bool {tuple(positions.shape)}")
-    elif positions.dim() != 1 or positions.is_floating_point():
-        raise ValueError("masked_positions must be a (B, S) bool mask or (N,) int64 flat "
-                         f"positions, got {positions.dtype} {tuple(positions.shape)}")
-
-
+# ---------------------------------------------------------------------------- the encoder
 class BertEmbeddings(nn.Module):
     """word + position + token-type embeddings, then LayerNorm and dropout."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(
-            config.padded_vocab_size, config.hidden_size, padding_idx=config.pad_token_id
-        )
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size,
+                                            padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Not saved (persistent=False) so the state dict matches transformers' current layout.
-        self.register_buffer(
-            "position_ids", torch.arange(config.max_position_embeddings).unsqueeze(0), persistent=False
-        )
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None],
+                             persistent=False)
 
     def check_length(self, seq_len: int) -> None:
         """DataError when rows of ``seq_len`` tokens do not fit the position table."""
@@ -173,17 +110,14 @@ class BertEmbeddings(nn.Module):
         if seq_len > max_len:
             raise DataError(
                 f"input has {seq_len} tokens per sequence but the model's max_position_embeddings is "
-                f"{max_len}: truncate inputs to at most {max_len} tokens (e.g. lower --max-seq-length)"
-            )
+                f"{max_len}: truncate inputs to at most {max_len} tokens (e.g. lower --max-seq-length)")
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids, token_type_ids, position_ids: (B, S) int64, or (T,) for unpadded tokens
-        (then with their ``position_ids``) -> (..., H). Positions default to the columns."""
+        """(B, S) int64 ids, or (T,) unpadded tokens with their ``position_ids`` -> (..., H).
+        Positions default to the columns."""
         if position_ids is None:
-            seq_len = input_ids.shape[-1]
-            self.check_length(seq_len)
-            position_ids = self.position_ids[:, :seq_len]
+            position_ids = self.position_ids[:, : input_ids.shape[-1]]
         emb = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
         if token_type_ids is None:
             emb = emb + self.token_type_embeddings.weight[0]  # all segment 0; skip the gather
@@ -192,17 +126,83 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(emb))
 
 
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention (the output projection is ``BertSelfOutput``)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.varlen_backend = "auto"
+        """Kernel for unpadded tokens (``ops.attention.BACKENDS``), set by ``bertforge.speed``."""
+
+    def heads(self, proj: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., heads, head_dim)."""
+        return proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))
+
+    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
+        """(B, S, H) with a (B, 1, 1 or S, S) bool keep mask or None, or unpadded (T, H) with
+        its ``TokenLayout`` -> the context, shaped as ``hidden``."""
+        q, k, v = (self.heads(p, hidden) for p in (self.query, self.key, self.value))
+        p = self.dropout_p if self.training else 0.0
+        return attend(q, k, v, where, p, self.varlen_backend).flatten(-2)
+
+
+class BertResidualOutput(nn.Module):
+    """Projection + dropout + residual, with the LayerNorm placed for post-LN or pre-LN.
+
+    Post-LN (original BERT): ``LayerNorm(residual + dropout(dense(x)))``. Pre-LN: the caller
+    normalises the branch input (``normalize_input``) and this returns
+    ``residual + dropout(dense(x))``; one LayerNorm per block either way keeps the names.
+    """
+
+    def __init__(self, in_features: int, config: BertConfig) -> None:
+        super().__init__()
+        self.pre_layernorm = config.pre_layernorm
+        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def normalize_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(hidden) if self.pre_layernorm else hidden
+
+    def forward(self, branch: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        out = residual + self.dropout(self.dense(branch))
+        return out if self.pre_layernorm else self.LayerNorm(out)
+
+
+class BertSelfOutput(BertResidualOutput):
+    """Output projection of the attention block (``attention.output``)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config.hidden_size, config)
+
+
+class BertAttention(nn.Module):
+    """``attention.self`` + ``attention.output``: the attention half of a layer, residual included."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
+        return self.output(self.self(self.output.normalize_input(hidden), where), hidden)
+
+
 class BertIntermediate(nn.Module):
     """First half of the feed-forward block: dense H -> intermediate, then the activation."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.intermediate_size)
-        self.act = config.hidden_act
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, S, H) -> (B, S, intermediate)."""
-        return self.dense(hidden, self.act)
+        return self.intermediate_act_fn(self.dense(hidden))
 
 
 class BertOutput(BertResidualOutput):
@@ -221,11 +221,9 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden: torch.Tensor, attend: Attend,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, S, H) with a keep mask, or (T, H) with a ``TokenLayout`` -> same shape, or the
-        (K, H) states at ``rows`` only (``BertModel.forward``'s ``only_at``)."""
-        hidden = self.attention(hidden, attend, rows)
+    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
+        """(B, S, H) with a keep mask, or (T, H) with a ``TokenLayout`` -> the same shape."""
+        hidden = self.attention(hidden, where)
         return self.output(self.intermediate(self.output.normalize_input(hidden)), hidden)
 
 
@@ -235,25 +233,16 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
-        if config.pre_layernorm:
-            # Pre-LN residual streams are never normalised inside the layers, so the output needs one.
+        if config.pre_layernorm:  # a pre-LN residual stream is never normalised inside the layers
             self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
-        """Recompute each layer's activations in backward instead of storing them (training only)."""
+        """Recompute each layer's activations in backward instead of storing them (training)."""
 
-    def forward(self, hidden: torch.Tensor, attend: Attend,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, S, H) or unpadded (T, H) -> same shape; with ``rows`` (ascending indices into the
-        states flattened to (tokens, H)), the (K, H) final states there only: the last layer
-        then runs its queries, output projection and feed-forward block at those rows alone."""
+    def forward(self, hidden: torch.Tensor, where: Attend) -> torch.Tensor:
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        last = len(self.layer) - 1
-        for i, layer in enumerate(self.layer):
-            at = rows if i == last else None
-            if recompute:
-                hidden = checkpoint(layer, hidden, attend, at, use_reentrant=False)
-            else:
-                hidden = layer(hidden, attend, at)
+        for layer in self.layer:
+            hidden = (checkpoint(layer, hidden, where, use_reentrant=False) if recompute
+                      else layer(hidden, where))
         if hasattr(self, "final_layer_norm"):
             hidden = self.final_layer_norm(hidden)
         return hidden
@@ -274,13 +263,9 @@ class BertPooler(nn.Module):
 class BertModel(BertPreTrainedModel):
     """The bare encoder: ``forward`` -> ``BertModelOutput(last_hidden_state, pooler_output)``.
 
-    Args:
-        config: model shape.
-        add_pooling_layer: build the pooler (task models that never use it omit it, like transformers).
-
-    ``unpad`` (off by default; set from outside, ``bertforge.train.parallelize``) runs the
-    layers on the real tokens only (``bertforge.ops.unpad``): the same outputs at real tokens,
-    no work on padding.
+    ``add_pooling_layer=False`` omits the pooler (task models that never use it, as
+    transformers). ``unpad`` (off by default; ``bertforge.speed`` sets it) runs the layers on the
+    real tokens only (``bertforge.ops.unpad``): the same outputs at real tokens, no work on padding.
     """
 
     base_model_prefix = ""
@@ -294,59 +279,201 @@ class BertModel(BertPreTrainedModel):
         self.unpad = False
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        layout: TokenLayout | None = None,
-        *,
-        only_at: OnlyAt = None,
-    ) -> BertModelOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                layout: TokenLayout | None = None) -> BertModelOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids: (B, S) -> BertModelOutput.
 
         ``position_ids`` (B, S) mark packed rows: several sequences per row, each starting at
         position 0 and attending only to itself. ``layout`` is the batch's ``TokenLayout`` when
-        the loader computed it (saves the model from finding it, and the syncs that costs).
-
-        ``only_at`` computes the final states only where a head reads them: ``"first"`` (each
-        sequence's first token: what the pooler and the classifiers read) or the positions a
-        head will ``select`` (the pooler's first tokens are computed too). The last layer then
-        runs its queries, output projection and feed-forward block at those tokens alone (its
-        keys and values still cover every token), which gives the same values there; the
-        output then has ``select(only_at)`` and ``pooler_output``, no ``last_hidden_state``.
+        the loader computed it (it saves finding it, and the device syncs that costs).
         """
         # Padded rows or the real tokens only: the same code, the layout moves the states.
         where = batch_layout(input_ids, attention_mask, position_ids, layout, unpad=self.unpad)
         self.embeddings.check_length(input_ids.shape[-1])
         hidden = self.embeddings(where.enter(input_ids), where.enter(token_type_ids),
                                  where.positions)                 # (B, S, H) or (T, H)
-        if only_at is None:
-            hidden = self.encoder(hidden, where.attend)
-            pooled = self.pooler(where.first_tokens(hidden)) if self.pooler is not None else None
-            return BertModelOutput(pooler_output=pooled, states=hidden, layout=where)
-        rows, firsts, order = self._rows(where, only_at, hidden.device)
-        hidden = self.encoder(hidden, where.attend, rows)            # (K, H)
-        if order is not None:
-            hidden = hidden.index_select(0, order)
-        pooled = self.pooler(hidden[:firsts]) if self.pooler is not None else None
-        at = hidden if isinstance(only_at, str) else hidden[firsts:]
-        return BertModelOutput(pooler_output=pooled, at=at, only_at=only_at)
+        hidden = self.encoder(hidden, where.attend)
+        pooled = self.pooler(where.first_tokens(hidden)) if self.pooler is not None else None
+        return BertModelOutput(pooler_output=pooled, states=hidden, layout=where)
 
-    def _rows(self, where: Layout, only_at: str | torch.Tensor,
-              device: torch.device) -> tuple[torch.Tensor, int, torch.Tensor | None]:
-        """The ascending rows of the states ``only_at`` needs; how many of them, first in the
-        output, are the sequences' first tokens; the order that puts the output so (or None)."""
-        first = where.first_rows(device)
-        if isinstance(only_at, str):
-            if only_at != "first":
-                raise ValueError(f"only_at must be 'first', a bool mask or flat positions, "
-                                 f"got {only_at!r}")
-            return first, first.shape[0], None
-        check_positions(only_at, where.shape)
-        picked = where.rows_of(only_at)
-        if self.pooler is None:
-            return picked, 0, None
-        rows, order = torch.cat([first, picked]).sort()
-        return rows, first.shape[0], torch.argsort(order)
+
+# ---------------------------------------------------------------------------- the heads
+class BertPredictionHeadTransform(nn.Module):
+    """dense -> activation -> LayerNorm applied before the vocabulary projection."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Vocabulary scores: transform, then the decoder whose weight is the word-embedding matrix.
+    ``decoder.weight``/``decoder.bias`` alias the word embeddings (tied by the owning model) and
+    ``bias``; the checkpoint stores only ``cls.predictions.bias``."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.padded_vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+        self.decoder.bias = self.bias
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., vocab_size): the matmul over the padded rows (tensor-core friendly),
+        the padding columns sliced off (a view)."""
+        return self.decoder(self.transform(hidden))[..., : self.vocab_size]
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def _classifier_dropout(config: BertConfig) -> float:
+    return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
+
+
+def _with_labels(config: BertConfig, num_labels: int | None) -> BertConfig:
+    return config if num_labels is None or num_labels == config.num_labels else config.replace(num_labels=num_labels)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """Encoder + MLM and NSP heads (``cls.predictions``, ``cls.seq_relationship``)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.init_weights(skip_prefix="bert")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                masked_positions: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                layout: TokenLayout | None = None) -> BertPreTrainingOutput:
+        """(B, S) inputs; ``masked_positions`` ((B, S) bool, or flat int64 positions) limits the
+        MLM logits to those positions. ``position_ids``/``layout``: as ``BertModel``; NSP logits
+        are per sequence, (N, 2), for packed rows."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, layout)
+        mlm = self.cls.predictions(out.select(masked_positions))
+        return BertPreTrainingOutput(mlm_logits=mlm, nsp_logits=self.cls.seq_relationship(out.pooler_output))
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """Encoder (no pooler) + MLM head (``cls.predictions``)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.init_weights(skip_prefix="bert")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                masked_positions: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                layout: TokenLayout | None = None) -> MaskedLMOutput:
+        """As ``BertForPreTraining.forward``, without the NSP head."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, layout)
+        return MaskedLMOutput(logits=self.cls.predictions(out.select(masked_positions)))
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Encoder (no pooler) + span head ``qa_outputs`` (H -> 2: start, end)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights(skip_prefix="bert")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> QuestionAnsweringOutput:
+        logits = self.qa_outputs(self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state)
+        start, end = logits.unbind(dim=-1)  # (B, S, 2) -> 2 x (B, S)
+        return QuestionAnsweringOutput(start_logits=start, end_logits=end)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Encoder + dropout + ``classifier`` on the pooled [CLS] vector. ``num_labels`` (default:
+    ``config.num_labels``) is stored in ``self.config`` and saved as id2label."""
+
+    def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
+        super().__init__()
+        self.config = config = _with_labels(config, num_labels)
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights(skip_prefix="bert")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> ClassifierOutput:
+        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        return ClassifierOutput(logits=self.classifier(self.dropout(pooled)))  # (B, num_labels)
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """Scores C candidate sequences per example: inputs (B, C, S) -> logits (B, C)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights(skip_prefix="bert")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> ClassifierOutput:
+        b, c, s = input_ids.shape
+        # Every choice is an independent sequence: (B, C, S) -> (B*C, S).
+        flat = [t.reshape(b * c, s) if t is not None else None
+                for t in (input_ids, attention_mask, token_type_ids)]
+        pooled = self.bert(*flat).pooler_output  # (B*C, H)
+        return ClassifierOutput(logits=self.classifier(self.dropout(pooled)).view(b, c))
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """Encoder (no pooler) + dropout + per-token ``classifier``: logits (B, S, num_labels)."""
+
+    def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
+        super().__init__()
+        self.config = config = _with_labels(config, num_labels)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights(skip_prefix="bert")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> ClassifierOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        return ClassifierOutput(logits=self.classifier(self.dropout(hidden)))
+
+
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    cls.__name__: cls
+    for cls in (BertModel, BertForPreTraining, BertForMaskedLM, BertForQuestionAnswering,
+                BertForSequenceClassification, BertForMultipleChoice, BertForTokenClassification)
+}
+"""Class name (as written in config.json ``architectures``) -> bertforge class."""

@@ -53,7 +53,12 @@ def nonfinite_summary(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
 
 def model_bytes(config: Any, bytes_per_parameter: int = WEIGHT_BYTES) -> int:
     """Memory a model of ``config`` takes: its parameters at ``bytes_per_parameter`` and its
-    position tables (from ``num_parameters()`` and ``max_position_embeddings``, no allocation)."""
+    position tables (from ``num_parameters()`` and ``max_position_embeddings``, no allocation).
+
+    Read from the config's own interface, not the family record's ``ModelShape`` (whose
+    ``parameters`` and ``positions`` are these very numbers; tests/unit/test_family_records.py
+    holds them equal): every model class imports this module through ``models.hub``, and the
+    record names those classes, so reading the record here would be an import cycle."""
     positions = getattr(config, "max_position_embeddings", 0) or 0
     return config.num_parameters() * bytes_per_parameter + positions * POSITION_ID_BYTES
 

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from bertforge.errors import ConfigError
 from bertforge.models.config_base import ModelConfig, head_split
 from bertforge.models.presets import PRESETS
+from bertforge.models.shapes import ModelShape, Stack
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
 
@@ -162,4 +163,14 @@ def _check_hf_semantics(data: dict[str, Any]) -> None:
         )
 
 
-__all__ = ["ACTIVATIONS", "BertConfig"]
+def bert_shape(config: Any) -> ModelShape:
+    """BERT: post- or pre-LN encoder, GELU feed-forward, vocabulary padded for the MLM head,
+    pooler and NSP head, a last layer that can run at the read tokens only."""
+    return ModelShape(
+        hidden=config.hidden_size, vocab=config.padded_vocab_size,
+        encoder=Stack(config.num_hidden_layers, config.intermediate_size),
+        parameters=config.num_parameters(), positions=config.max_position_embeddings,
+        nsp_head=True, partial_last_layer=True)
+
+
+__all__ = ["ACTIVATIONS", "BertConfig", "bert_shape"]

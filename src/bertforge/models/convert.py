@@ -25,7 +25,7 @@ from bertforge.core.arguments import checked
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.core.io import atomic_write
 from bertforge.models.config import BertConfig
-from bertforge.models.heads import (
+from bertforge.models.bert import (
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForPreTraining,

@@ -117,7 +117,7 @@ class PreTrainedModel(nn.Module):
     def transformer_layers(self) -> list[nn.Module]:
         """The repeated transformer blocks, in order (BERT's encoder layers; BART's encoder then
         decoder layers): every entry of an ``nn.ModuleList`` named ``layer`` or ``layers``.
-        What is applied from outside (``bertforge.train.parallelize``: regional compilation,
+        What is applied from outside (``bertforge.speed``: regional compilation,
         FSDP) works per block."""
         return [block for name, module in self.named_modules()
                 if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layer", "layers")

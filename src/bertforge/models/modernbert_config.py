@@ -22,11 +22,30 @@ from typing import Any, ClassVar
 
 from bertforge.errors import ConfigError
 from bertforge.models.config_base import ModelConfig, head_split
-from bertforge.models.presets import MODERNBERT_PRESETS
+from bertforge.models.shapes import ModelShape, Stack
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 POOLINGS = ("cls", "mean")
+
+
+def _modernbert(layers: int, hidden: int, heads: int, ffn: int) -> dict[str, Any]:
+    return {"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "intermediate_size": ffn}
+
+
+MODERNBERT_PRESETS: dict[str, dict[str, Any]] = {
+    # answerdotai/ModernBERT-base and -large: 50368-token BPE vocabulary, 8192 positions, a
+    # 128-token window, every third layer global, RoPE bases 160000 (global) / 10000 (local):
+    # the ModernBertConfig defaults, which the fields not listed here keep.
+    "modernbert-base": _modernbert(22, 768, 12, 1152),
+    "modernbert-large": _modernbert(28, 1024, 16, 2624),
+    # CPU-sized, for tests and debug runs: a 16-token window (8 each side) so that short
+    # sequences already exercise the sliding-window layers.
+    "modernbert-tiny": {**_modernbert(3, 64, 4, 96), "local_attention": 16,
+                        "max_position_embeddings": 512},
+}
+"""Named ModernBERT shapes (``ModernBertConfig`` fields); ``bertforge.models.presets`` lists BERT's."""
 
 
 @dataclass
@@ -250,6 +269,18 @@ def translate_hf_keys(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def modernbert_shape(config: Any) -> ModelShape:
+    """ModernBERT: GeGLU feed-forward, global and sliding-window layers (``layer_types``), an
+    MLM head with its dense transform, no pooler or NSP head."""
+    windows = tuple(None if kind == "full_attention" else config.window
+                    for kind in config.resolved_layer_types())
+    return ModelShape(
+        hidden=config.hidden_size, vocab=config.vocab_size,
+        encoder=Stack(config.num_hidden_layers, config.intermediate_size, glu=True,
+                      windows=windows),
+        parameters=config.num_parameters(), positions=config.max_position_embeddings)
+
+
 __all__ = [
     "ACTIVATIONS",
     "GLOBAL",
@@ -257,4 +288,5 @@ __all__ = [
     "POOLINGS",
     "ModernBertConfig",
     "translate_hf_keys",
+    "modernbert_shape",
 ]

@@ -45,25 +45,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _modernbert(layers: int, hidden: int, heads: int, ffn: int) -> dict[str, Any]:
-    return {"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-            "intermediate_size": ffn}
-
-
-MODERNBERT_PRESETS: dict[str, dict[str, Any]] = {
-    # answerdotai/ModernBERT-base and -large: 50368-token BPE vocabulary, 8192 positions, a
-    # 128-token window, every third layer global, RoPE bases 160000 (global) / 10000 (local):
-    # the ModernBertConfig defaults, which the fields not listed here keep.
-    "modernbert-base": _modernbert(22, 768, 12, 1152),
-    "modernbert-large": _modernbert(28, 1024, 16, 2624),
-    # CPU-sized, for tests and debug runs: a 16-token window (8 each side) so that short
-    # sequences already exercise the sliding-window layers.
-    "modernbert-tiny": {**_modernbert(3, 64, 4, 96), "local_attention": 16,
-                        "max_position_embeddings": 512},
-}
-"""Named ModernBERT shapes (``ModernBertConfig`` fields); the BERT functions below do not list them."""
-
-
 def preset_names() -> list[str]:
     """All preset names, in a stable order (largest families first, as listed above)."""
     return list(PRESETS)

@@ -1,9 +1,13 @@
 """Model families, one record each: what the rest of bertforge may know about a family.
 
-Everything outside ``bertforge.models`` asks this module, never ``isinstance`` on a config: which
-family a preset name, a config.json or a config object belongs to, its config class, the model
-class for each head kind, its tokenizer kind, whether it is an encoder-decoder, which heads export
-to ONNX. Adding a family is one ``FamilySpec`` here plus its own modules (config, model, heads).
+Everything outside ``bertforge.models`` asks this module, never ``isinstance`` on a config or a
+test of a family's name: which family a preset name, a config.json or a config object belongs
+to, its config class, the model class for each head kind, its sizes (``shape``: what the FLOP
+count and the batch planner read), the tokenizers a model of it reads, whether
+it is an encoder-decoder, which heads export to ONNX and what they leave out, and the names
+``bertforge`` exports for it. Adding a family is one ``FamilySpec`` here plus its own modules
+(its config with a shape function, its model file) and its proofs in
+tests/family_proofs.py (a parity test against transformers, an end-to-end fine-tuning run).
 
 Head kinds (the keys of ``FamilySpec.heads``) name what a model computes on top of the encoder:
 
@@ -40,19 +44,47 @@ class FamilySpec:
     """config.json ``model_type`` values of the family (the first is what it writes by default)."""
     config: Ref
     """The config dataclass (``ModelConfig`` subclass; importing it needs no torch)."""
+    shape: Ref
+    """Config -> ``bertforge.models.shapes.ModelShape``: the sizes its FLOPs and memory follow."""
+    tokenizers: tuple[str, ...]
+    """Tokenizer kinds a model of the family reads (``bertforge.tokenization.loading.KINDS``:
+    "wordpiece", "bpe" with BART's specials, "modernbert": byte-level BPE with BERT's); the
+    first is what ``bertforge vocab --type`` trains for it."""
     heads: Mapping[str, Ref] = field(default_factory=dict)
     """Head kind -> model class (see the module docstring); a kind not listed is not supported."""
-    tokenizer: str = "wordpiece"
-    """"wordpiece" or "bpe": what ``bertforge vocab --type`` trains for it."""
     seq2seq: bool = False
     """Encoder-decoder (generates text) rather than encoder-only."""
     exportable: tuple[str, ...] = ()
     """Head kinds with an ONNX export."""
+    export_omits: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Head kind -> fields of its output dataclass that its class always leaves None (no graph
+    outputs of its ONNX export; ModernBERT's bare encoder has no pooler)."""
+    extras: Mapping[str, str] = field(default_factory=dict)
+    """Name -> module of what else ``bertforge`` exports for the family (functions such as
+    ``convert_nvidia_checkpoint``). Plain names, not ``Ref``: the registry never loads them,
+    only ``bertforge/__init__`` at the top layer does (a converter uses the loader, which reads
+    this registry)."""
     inputs: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
     """What its encoder takes (besides the decoder's inputs of a seq2seq model)."""
     contains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Head kinds whose checkpoints also hold other heads: a BERT pretraining checkpoint (MLM +
     NSP) is a masked-LM model too."""
+
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer kind ``bertforge vocab --type`` trains for the family."""
+        return self.tokenizers[0]
+
+    def model_shape(self, config: Any) -> Any:
+        """``config``'s ``bertforge.models.shapes.ModelShape``."""
+        return self.shape.load()(config)
+
+    def public_names(self) -> dict[str, str]:
+        """Name -> module of everything ``bertforge`` exports for the family: its config class,
+        each model class of ``heads`` (derived, so a class that moves file needs no other edit)
+        and ``extras``."""
+        refs = (self.config, *self.heads.values())
+        return {**{ref.name: ref.module for ref in refs}, **self.extras}
 
     def heads_in(self, architecture: str) -> tuple[str, ...]:
         """The head kinds a checkpoint of ``architecture`` can be loaded as (besides ``base``,
@@ -85,16 +117,18 @@ BERT = FamilySpec(
     config=Ref("bertforge.models.config", "BertConfig"),
     heads={
         "base": Ref("bertforge.models.bert", "BertModel"),
-        "pretraining": Ref("bertforge.models.heads", "BertForPreTraining"),
-        "masked-lm": Ref("bertforge.models.heads", "BertForMaskedLM"),
-        "question-answering": Ref("bertforge.models.heads", "BertForQuestionAnswering"),
-        "sequence-classification": Ref("bertforge.models.heads", "BertForSequenceClassification"),
-        "token-classification": Ref("bertforge.models.heads", "BertForTokenClassification"),
-        "multiple-choice": Ref("bertforge.models.heads", "BertForMultipleChoice"),
+        "pretraining": Ref("bertforge.models.bert", "BertForPreTraining"),
+        "masked-lm": Ref("bertforge.models.bert", "BertForMaskedLM"),
+        "question-answering": Ref("bertforge.models.bert", "BertForQuestionAnswering"),
+        "sequence-classification": Ref("bertforge.models.bert", "BertForSequenceClassification"),
+        "token-classification": Ref("bertforge.models.bert", "BertForTokenClassification"),
+        "multiple-choice": Ref("bertforge.models.bert", "BertForMultipleChoice"),
     },
-    tokenizer="wordpiece", seq2seq=False, contains={"pretraining": ("masked-lm",)},
+    shape=Ref("bertforge.models.config", "bert_shape"), tokenizers=("wordpiece",),
+    seq2seq=False, contains={"pretraining": ("masked-lm",)},
     exportable=("base", "masked-lm", "question-answering", "sequence-classification",
-                "token-classification"))
+                "token-classification"),
+    extras={"convert_nvidia_checkpoint": "bertforge.models.convert"})
 
 BART = FamilySpec(
     name="BART", model_types=("bart", "mbart"),
@@ -107,7 +141,8 @@ BART = FamilySpec(
         "masked-lm": Ref("bertforge.models.bart", "BartForConditionalGeneration"),
         "sequence-classification": Ref("bertforge.models.bart", "BartForSequenceClassification"),
     },
-    tokenizer="bpe", seq2seq=True, exportable=(), inputs=("input_ids", "attention_mask"))
+    shape=Ref("bertforge.models.bart_config", "bart_shape"), tokenizers=("bpe",), seq2seq=True,
+    exportable=(), inputs=("input_ids", "attention_mask"))
 
 MODERNBERT = FamilySpec(
     name="ModernBERT", model_types=("modernbert",),
@@ -115,22 +150,22 @@ MODERNBERT = FamilySpec(
     heads={
         "base": Ref("bertforge.models.modernbert", "ModernBertModel"),
         # MLM without sentence pairs is ModernBERT's pretraining objective
-        "masked-lm": Ref("bertforge.models.modernbert_heads", "ModernBertForMaskedLM"),
-        "question-answering": Ref("bertforge.models.modernbert_heads",
+        "masked-lm": Ref("bertforge.models.modernbert", "ModernBertForMaskedLM"),
+        "question-answering": Ref("bertforge.models.modernbert",
                                   "ModernBertForQuestionAnswering"),
-        "sequence-classification": Ref("bertforge.models.modernbert_heads",
+        "sequence-classification": Ref("bertforge.models.modernbert",
                                        "ModernBertForSequenceClassification"),
-        "token-classification": Ref("bertforge.models.modernbert_heads",
+        "token-classification": Ref("bertforge.models.modernbert",
                                     "ModernBertForTokenClassification"),
-        "multiple-choice": Ref("bertforge.models.modernbert_heads",
-                               "ModernBertForMultipleChoice"),
+        "multiple-choice": Ref("bertforge.models.modernbert", "ModernBertForMultipleChoice"),
     },
     # exportable: multiple choice is not (as for BERT); the graph runs the padded band-mask
     # path (ModernBertModel.traceable), checked against PyTorch on both sides of the window
-    tokenizer="bpe", seq2seq=False,
+    shape=Ref("bertforge.models.modernbert_config", "modernbert_shape"), tokenizers=("modernbert",),
+    seq2seq=False,
     exportable=("base", "masked-lm", "question-answering", "sequence-classification",
                 "token-classification"),
-    inputs=("input_ids", "attention_mask"))
+    export_omits={"base": ("pooler_output",)}, inputs=("input_ids", "attention_mask"))
 
 FAMILIES: tuple[FamilySpec, ...] = (BERT, BART, MODERNBERT)
 
@@ -151,6 +186,11 @@ def family_of_type(model_type: str | None, source: str = "config.json") -> Famil
 def family_of_config(config: Any) -> FamilySpec:
     """The family of a config object (its class's ``model_type``)."""
     return family_of_type(type(config).model_type)
+
+
+def shape_of(config: Any) -> Any:
+    """The ``bertforge.models.shapes.ModelShape`` of a config object, by its family's record."""
+    return family_of_config(config).model_shape(config)
 
 
 def family_of_architecture(name: str) -> tuple[FamilySpec, str] | None:
@@ -191,5 +231,5 @@ def resolve_config(name_or_path: str | os.PathLike[str]) -> tuple[FamilySpec, An
 
 
 __all__ = ["BART", "BERT", "FAMILIES", "HEAD_KINDS", "MODERNBERT", "FamilySpec",
-           "family_of_architecture", "family_of_config", "family_of_type", "preset_family", "preset_names",
-           "resolve_config"]
+           "family_of_architecture", "family_of_config", "family_of_type", "preset_family",
+           "preset_names", "resolve_config", "shape_of"]

@@ -29,6 +29,16 @@ A caller projects its states to queries, keys and values, splits the heads off t
     CPU, where SDPA on nested tensors falls back to a per-sequence loop (measured ~10x slower,
     docs/performance.md).
 
+Bidirectional sliding windows (ModernBERT's local layers): a query at i sees the keys j of its
+own sequence with ``|i - j| <= window`` (transformers' ``sliding_window_bidirectional_overlay``,
+flash-attn's ``window_size=(window, window)``). Padded rows carry the band in their keep mask
+(:func:`band_keep_mask`, made once per batch), so they are plain SDPA; unpadded tokens come as
+a :class:`WindowPlan` (:func:`window_varlen_attention`): flash-attn's windowed varlen kernel
+(CUDA, fp16/bf16; NOT TESTED: no GPU in development), the global varlen kernel when no sequence
+is longer than ``window + 1``, otherwise blocked local attention
+(:func:`blocked_window_attention`: blocks of queries against the keys ``window`` either side of
+their block, one batched SDPA call, work linear in T, any device).
+
 The result has the shape of ``q``; ``out.flatten(-2)`` merges the heads again.
 :func:`attend_at` attends the queries of some tokens only (an encoder's last layer, where the
 heads read a few states), over their whole sequences' keys.
@@ -38,7 +48,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -50,18 +60,40 @@ from bertforge.ops.dropout import dropout
 from bertforge.ops.slots import BUCKET, Gathering, SlotBuilder, bucket_widths, gather, scatter
 from bertforge.ops.unpad import TokenLayout
 
-Attend = torch.Tensor | TokenLayout | None
+@dataclass
+class WindowPlan:
+    """What sliding-window layers of an unpadded pass attend with: the batch's ``TokenLayout``
+    and the window, plus the blocked kernel's additive mask, made on first use and shared by
+    every local layer of the pass (building it costs about one layer's attention)."""
+
+    layout: TokenLayout
+    window: int
+    bias: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    """(blocks, 1, block, span) 0 / -inf mask of :func:`blocked_window_attention`."""
+
+    def blocked_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.bias is None or self.bias.dtype != dtype:
+            self.bias = window_bias(self.layout.sequence_of_token(), self.window,
+                                    default_block(self.window), dtype)
+        return self.bias
+
+
+Attend = torch.Tensor | TokenLayout | WindowPlan | None
 """What attention reads besides q, k, v: a padded keep mask (or None: every key visible) for
-(B, S, heads, head_dim) inputs, or the ``TokenLayout`` of (T, heads, head_dim) inputs."""
+(B, S, heads, head_dim) inputs, or the ``TokenLayout`` (``WindowPlan`` for sliding windows) of
+(T, heads, head_dim) inputs."""
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, where: Attend,
            dropout_p: float = 0.0, backend: str = "auto") -> torch.Tensor:
     """Bidirectional attention, within each sequence: q, k, v (B, S, heads, head_dim) with a
-    keep mask (True = may attend) or None, or (T, heads, head_dim) with their ``TokenLayout``
-    -> the shape of q. ``backend`` (``BACKENDS``) picks the kernel for unpadded tokens."""
+    keep mask (True = may attend; a window's band included) or None, or (T, heads, head_dim)
+    with their ``TokenLayout`` or ``WindowPlan`` -> the shape of q. ``backend``
+    (``BACKENDS``) picks the kernel for unpadded tokens."""
     if isinstance(where, TokenLayout):
         return varlen_attention(q, k, v, where, dropout_p, backend)
+    if isinstance(where, WindowPlan):
+        return window_varlen_attention(q, k, v, where, dropout_p, backend)
     # (B, S, heads, head_dim) -> (B, heads, S, head_dim), SDPA's layout, and back
     q, k, v = (x.transpose(-3, -2) for x in (q, k, v))
     return sdpa(q, k, v, where, dropout_p).transpose(-3, -2)
@@ -355,5 +387,91 @@ def _bucketed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layou
     return scatter(flat, queries).view(count, heads, head_dim)
 
 
-__all__ = ["Attend", "BACKENDS", "BUCKET", "FUSED", "attend", "attend_at", "fused_varlen",
-           "nested_heads", "queries_at_rows", "resolve_backend", "sdpa", "varlen_attention"]
+# ---------------------------------------------------------------------- sliding windows
+def band_keep_mask(keep: torch.Tensor | None, seq_len: int, window: int,
+                   always: bool = False) -> torch.Tensor | None:
+    """The padded path's sliding-window mask: ``keep`` ((B, 1, 1 or S, S) bool or None) and the
+    band ``|i - j| <= window`` over the S columns -> (B or 1, 1, S, S) bool; ``keep`` itself
+    when the band covers every pair. Every query keeps itself, so a padding query far from any
+    real token still has a key (finite, unused output). ``always``: build the band even when it
+    covers every pair (a traced graph must not freeze that length test)."""
+    if seq_len - 1 <= window and not always:
+        return keep
+    cols = torch.arange(seq_len, device=keep.device if keep is not None else None)
+    offsets = cols[:, None] - cols[None, :]                         # (S, S)
+    band = offsets.abs() <= window
+    if keep is None:
+        return band[None, None]
+    return (keep & band) | (offsets == 0)  # (not torch.eye: ONNX's EyeLike has no bool kernel)
+
+
+@torch.compiler.disable  # data-dependent layouts: eager between compiled regions
+def window_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            plan: WindowPlan, dropout_p: float = 0.0,
+                            backend: str = "auto") -> torch.Tensor:
+    """Sliding-window attention within each sequence: (T, heads, head_dim) -> same shape."""
+    layout, window = plan.layout, plan.window
+    if layout.max_seqlen - 1 <= window:  # the window hides nothing
+        return varlen_attention(q, k, v, layout, dropout_p, backend)
+    if resolve_backend(backend, q.device, q.dtype, q.shape[-1]) == "flash":  # UNTESTED (no GPU)
+        cu = layout.cu_seqlens
+        return _flash_varlen()(q, k, v, cu, cu, layout.max_seqlen, layout.max_seqlen,
+                               dropout_p=dropout_p, window_size=(window, window))
+    return blocked_window_attention(q, k, v, layout.sequence_of_token(), window, dropout_p,
+                                    bias=plan.blocked_bias(q.dtype))
+
+
+def default_block(window: int) -> int:
+    """Queries per block: twice the window (at least 32), so a query is scored against
+    ``4 * window`` keys where ``2 * window + 1`` matter, and blocks stay few."""
+    return max(32, 2 * window)
+
+
+def window_bias(sequence: torch.Tensor, window: int, block: int,
+                dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask of :func:`blocked_window_attention`: (blocks, 1, block, span), 0 where
+    query ``b * block + i`` may see key ``b * block - window + j`` (same sequence, ``|distance|
+    <= window``), -inf elsewhere. Padding tokens are sequence -1: they see each other only
+    (finite, discarded outputs), and every real query sees itself, so no row is all -inf."""
+    t = sequence.shape[0]
+    blocks = -(-t // block)
+    tail, span = blocks * block - t, block + 2 * window
+    seq_q = F.pad(sequence, (0, tail), value=-1).view(blocks, block)
+    seq_k = F.pad(sequence, (window, tail + window), value=-1).unfold(0, span, block)
+    device = sequence.device
+    offsets = torch.arange(block, device=device)[:, None] - torch.arange(span, device=device)
+    band = (offsets + window).abs() <= window                       # (block, span)
+    keep = (seq_q[:, :, None] == seq_k[:, None, :]) & band          # (blocks, block, span)
+    bias = torch.zeros(keep.shape, dtype=dtype, device=device)
+    return bias.masked_fill_(~keep, float("-inf"))[:, None]
+
+
+def blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             sequence: torch.Tensor, window: int, dropout_p: float = 0.0,
+                             block: int | None = None,
+                             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v (T, heads, head_dim) of consecutive tokens, ``sequence`` (T,) the sequence
+    number of each (non-decreasing: a sequence's tokens are contiguous) -> (T, heads,
+    head_dim): token t attends to the tokens u of its sequence with ``|t - u| <= window``.
+    ``bias``: :func:`window_bias` of these arguments, when the caller has it already."""
+    t = q.shape[0]
+    block = block or default_block(window)
+    blocks = -(-t // block)
+    tail, span = blocks * block - t, block + 2 * window
+    if bias is None:
+        bias = window_bias(sequence, window, block, q.dtype)
+    # queries: (T, h, d) -> (blocks, h, block, d)
+    qb = F.pad(q, (0, 0, 0, 0, 0, tail)).view(blocks, block, *q.shape[1:]).transpose(1, 2)
+
+    def keys(x: torch.Tensor) -> torch.Tensor:  # (T, h, d) -> (blocks, h, span, d), a view
+        padded = F.pad(x, (0, 0, 0, 0, window, tail + window))
+        return padded.unfold(0, span, block).permute(0, 1, 3, 2)
+
+    out = sdpa(qb, keys(k), keys(v), bias, dropout_p)
+    return out.transpose(1, 2).reshape(blocks * block, *q.shape[1:])[:t]
+
+
+__all__ = ["Attend", "BACKENDS", "BUCKET", "FUSED", "WindowPlan", "attend", "attend_at",
+           "band_keep_mask", "blocked_window_attention", "default_block", "fused_varlen",
+           "nested_heads", "queries_at_rows", "resolve_backend", "sdpa", "varlen_attention",
+           "window_bias", "window_varlen_attention"]

@@ -8,15 +8,18 @@ clips with :func:`clip_grad_norm_` for all but LAMB. ``build_scheduler(optimizer
 as a PyTorch scheduler. See docs/optim.md for the equations.
 """
 
-from bertforge.optim.lamb import Lamb, clip_grad_norm_, global_grad_norm
-from bertforge.optim.param_groups import (
+from bertforge.optim.build import (
     OPTIMIZERS,
+    SCHEDULES,
+    WarmupDecayLR,
     build_optimizer,
+    build_scheduler,
     needs_external_clipping,
     param_groups,
+    schedule_lr,
     split_decay,
 )
-from bertforge.optim.schedules import SCHEDULES, WarmupDecayLR, build_scheduler, schedule_lr
+from bertforge.optim.lamb import Lamb, clip_grad_norm_, global_grad_norm
 from bertforge.optim.stable_adamw import AdamWVariant, DecoupledAdamW, StableAdamW
 
 __all__ = [

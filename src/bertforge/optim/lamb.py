@@ -199,7 +199,7 @@ class Lamb(AdamMoments):
     """LAMB as in NVIDIA's BERT recipe (apex FusedLAMB, ``adam_w_mode=True``, bias correction on).
 
     Args:
-        params: parameters or parameter-group dicts (see :func:`bertforge.optim.param_groups`).
+        params: parameters or parameter-group dicts (see :func:`bertforge.optim.build.param_groups`).
         lr: learning rate (a float; schedulers overwrite ``group["lr"]``).
         betas: Adam moment coefficients (b1, b2), each in [0, 1).
         eps: added to sqrt(v_hat) in the denominator.

@@ -103,7 +103,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
 def build_muon_adamw(model: nn.Module, groups: list[dict], lr: float, weight_decay: float,
                      betas: Sequence[float], eps: float, fused: bool) -> MuonAdamW:
-    """:class:`MuonAdamW` over ``groups`` (:func:`bertforge.optim.param_groups`'s decay and
+    """:class:`MuonAdamW` over ``groups`` (:func:`bertforge.optim.build.param_groups`'s decay and
     no-decay groups): the hidden matrices leave the decay group for a Muon group of their own."""
     chosen = split_muon(model)
     muon = [p for g in groups for p in g["params"] if id(p) in chosen]

@@ -53,7 +53,7 @@ class AdamWVariant(AdamMoments):
     lr / lr0 instead of lr (composer's DecoupledAdamW). Both off: ``torch.optim.AdamW``.
 
     Args:
-        params: parameters or parameter-group dicts (see :func:`bertforge.optim.param_groups`).
+        params: parameters or parameter-group dicts (see :func:`bertforge.optim.build.param_groups`).
         lr: peak learning rate; schedulers overwrite ``group["lr"]`` and keep the peak in
             ``group["initial_lr"]``, which is what ``decouple_lr`` divides by.
         betas, eps: Adam's; ``eps`` is added to sqrt(v_hat), and eps^2 floors v_hat in the rms.

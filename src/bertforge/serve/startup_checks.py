@@ -21,7 +21,7 @@ def generation_warnings(pipeline: Any, settings: ServeSettings) -> list[str]:
     Empty for pipelines that do not generate."""
     if not getattr(pipeline, "decodes", False):
         return []
-    from bertforge.inference.generate import generation_settings
+    from bertforge.models.generation.texts import generation_settings
 
     model = pipeline.model
     saved = getattr(model, "generation_config", None)

@@ -17,8 +17,7 @@ from torch import nn
 
 from bertforge.config import PretrainConfig
 from bertforge.data.batch import IGNORE_INDEX, Batch, LossOutput
-from bertforge.data.masking import normalize_special_ids
-from bertforge.data.noising import NoiseVocab
+from bertforge.data.noising import noise_vocab
 from bertforge.errors import ConfigError
 from bertforge.ops.loss import vocab_cross_entropy
 from bertforge.ops.unpad import layout_from_batch
@@ -27,18 +26,6 @@ from bertforge.tasks.stream import CorpusTask
 from bertforge.train.data import MakeBatch, PreparedData
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import seq2seq_train_flops
-
-
-def noise_vocab(tokenizer: Any) -> NoiseVocab:
-    """What noising needs from the data's tokenizer (its specials, mask id and word starts)."""
-    specials = normalize_special_ids([tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id,
-                                      tokenizer.sep_id, tokenizer.mask_id])
-    starts = getattr(tokenizer, "is_word_start", None)
-    if starts is None and getattr(tokenizer, "is_continuation", None) is not None:
-        starts = ~tokenizer.is_continuation  # WordPiece: a word starts where "##" pieces do not
-    return NoiseVocab(mask_id=int(tokenizer.mask_id), bos_id=int(tokenizer.cls_id),
-                      eos_id=int(tokenizer.sep_id), vocab_size=int(tokenizer.vocab_size),
-                      special_ids=specials, is_word_start=starts)
 
 
 def seq2seq_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> LossOutput:
@@ -121,5 +108,4 @@ class DenoiseTask(CorpusTask):
         return lines
 
 
-__all__ = ["DenoiseTask", "cross_entropy", "noise_vocab", "seq2seq_batch_flops",
-           "seq2seq_loss"]
+__all__ = ["DenoiseTask", "cross_entropy", "seq2seq_batch_flops", "seq2seq_loss"]

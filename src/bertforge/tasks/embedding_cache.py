@@ -30,7 +30,7 @@ from typing import Callable, ContextManager, Iterator
 import torch
 from torch import nn
 
-from bertforge.train.precision import float32_matmul
+from bertforge.runtime.precision import float32_matmul
 
 Encode = Callable[[dict[str, torch.Tensor]], torch.Tensor]  # (m, S) inputs -> (m, D)
 RngState = tuple[torch.Tensor, torch.Tensor | None]         # (CPU state, CUDA state)

@@ -42,15 +42,14 @@ from bertforge.data.loader import PretrainingLoader
 from bertforge.errors import ConfigError, DataError, in_context
 from bertforge.models.loading import ModelSource, open_model
 from bertforge.ops.linear import cast_linears
-from bertforge.tasks.base import steps_for_epochs
+from bertforge.runtime.precision import build_precision
 from bertforge.tokenization import load_tokenizer
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import batch_train_flops
-from bertforge.train.guards import load_for_training
-from bertforge.train.parallelize import set_unpadding
-from bertforge.train.precision import build_precision
-from bertforge.train.resume import verify_model_files
+from bertforge.train.guards import load_for_training, verify_model_files
+from bertforge.speed import apply_speed_options, read_positions
 from bertforge.train.run import RunResult
+from bertforge.train.task import steps_for_epochs
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +201,7 @@ def format_metrics(metrics: dict) -> str:
 
 
 class FinetuneTask(ABC):
-    """The shared half of every fine-tuning task (see ``bertforge.tasks.base.Task`` and the
+    """The shared half of every fine-tuning task (see ``bertforge.train.task.Task`` and the
     module docstring). A subclass implements ``read``, ``encode``, ``loss``, ``collect`` (the
     evaluation outputs: forward passes for the encoder tasks, ``EncoderTask``; generation for
     summarization) and ``score``, and may override ``model_overrides`` (label count and names),
@@ -335,7 +334,7 @@ class FinetuneTask(ABC):
         # task heads are not counted.
         inner = unwrap(model)
         return batch_train_flops(inner.config, batch["attention_mask"],
-                                 read=getattr(inner, "last_layer_at", None))
+                                 read=read_positions(inner))
 
     def finish(self, model: nn.Module, output_dir: Path, validation: dict) -> dict:
         self.write_outputs(output_dir, validation)
@@ -355,7 +354,8 @@ class FinetuneTask(ABC):
         """``model`` as evaluation runs it without training: its weights, the run's speed
         options (``train.unpad``) and the run's precision (whose ``autocast`` ``evaluate`` takes)."""
         model = self.build_model(None)
-        set_unpadding(model, self.cfg.train.unpad, self.cfg.train.attention_backend)
+        apply_speed_options(model, unpad=self.cfg.train.unpad,
+                            attention_backend=self.cfg.train.attention_backend)
         return model, build_precision(self.cfg.precision, self.info.device)
 
     def evaluate_only(self) -> RunResult:

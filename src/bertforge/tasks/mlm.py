@@ -18,6 +18,7 @@ from bertforge.ops.loss import vocab_cross_entropy
 from bertforge.ops.unpad import layout_from_batch
 from bertforge.models.loading import ModelSource
 from bertforge.models.registry import family_of_config
+from bertforge.speed import read_positions
 from bertforge.tasks.stream import CorpusTask
 from bertforge.train.flops import batch_train_flops
 
@@ -127,7 +128,7 @@ class PretrainTask(CorpusTask):
         return batch_train_flops(model.config, batch["attention_mask"],
                                  batch["mlm_labels"].ne(IGNORE_INDEX), self.data.has_pairs,
                                  layout_from_batch(batch),
-                                 read=getattr(model, "last_layer_at", None))
+                                 read=read_positions(model))
 
     def describe(self, last: dict, validation: dict) -> list[str]:
         lines = []

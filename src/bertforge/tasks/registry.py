@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from bertforge.core.refs import Ref
 from bertforge.errors import ConfigError
+from bertforge.tasks.settings import TaskSettings, settings_of
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 """The graph inputs of every exported encoder head: (batch, sequence) int64."""
@@ -73,7 +74,8 @@ class TaskSpec:
     name: str
     """Canonical name (a Hugging Face pipeline name)."""
     summary: str
-    """One line for help texts."""
+    """One line on what it trains or does: ``--task``'s help and the task listings
+    (:func:`task_help`)."""
     head: str
     """Head kind the model needs (``bertforge.models.registry.HEAD_KINDS``)."""
     seq2seq: bool | None = False
@@ -81,7 +83,7 @@ class TaskSpec:
     aliases: tuple[str, ...] = ()
     """Other names accepted wherever a task is named (earlier versions' and predict modes')."""
     trainer: Ref | None = None
-    """The task class of the one runner (``bertforge.tasks.base.Task``); None: not trainable."""
+    """The task class of the one runner (``bertforge.train.task.Task``); None: not trainable."""
     command: str = "finetune"
     """The command that trains it: "finetune", or "pretrain" (chosen by the data's objective)."""
     objectives: tuple[str, ...] = ()
@@ -111,9 +113,15 @@ class TaskSpec:
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
 
+    @property
+    def settings(self) -> TaskSettings | None:
+        """The task's own section of the fine-tuning config (``embedding.*``), if it has one;
+        declared in ``bertforge.tasks.settings``, which the config reads."""
+        return settings_of(self.name)
+
 
 def _bert_output(name: str) -> Ref:
-    return Ref("bertforge.models.heads", name)
+    return Ref("bertforge.models.outputs", name)
 
 
 TASKS: tuple[TaskSpec, ...] = (
@@ -187,7 +195,7 @@ TASKS: tuple[TaskSpec, ...] = (
         head="base", seq2seq=None, aliases=("embed", "embeddings"),
         pipeline=Ref("bertforge.inference.pipelines.features", "FeatureExtractionPipeline"),
         predict_mode="embed", serving=Serving("/v1/embeddings", tei_kind="embedding"),
-        export=Export(Ref("bertforge.models.bert", "BertModelOutput"),
+        export=Export(Ref("bertforge.models.outputs", "BertModelOutput"),
                       (("last_hidden_state", (SEQUENCE, "hidden_size")),
                        ("pooler_output", ("hidden_size",))))),
     TaskSpec(
@@ -267,6 +275,21 @@ def task_names(command: str | None = None, served: bool = False) -> list[str]:
     return [t.name for t in _allowed(command, served)]
 
 
+def task_help(command: str | None = None, served: bool = False) -> str:
+    """A line per task (those ``command`` trains, or the served ones): its name, its summary and
+    its aliases; ``--task``'s help."""
+    allowed = _allowed(command, served)
+    pad = max(len(t.name) for t in allowed) + 2
+    return "\n".join(f"{t.name:<{pad}}{t.summary}"
+                     + (f"; aliases {', '.join(t.aliases)}" if t.aliases else "") for t in allowed)
+
+
+def task_choices(command: str | None = None, served: bool = False) -> str:
+    """"a, b or c": the canonical names of those tasks, for a one-line option help."""
+    names = task_names(command, served)
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
 def get_task(name: str, key: str = "task", command: str | None = None,
              served: bool = False) -> TaskSpec:
     """The record of a task by its name or an alias; ConfigError naming ``key``, the valid
@@ -321,5 +344,5 @@ def predict_modes() -> dict[str, str]:
 
 __all__ = ["ENCODER_INPUTS", "Export", "SEQUENCE", "Serving", "TASKS", "TaskSpec",
            "check_model_fits_task", "get_task",
-           "predict_modes", "task_names", "task_of_finetuned", "task_of_head",
-           "task_of_objective"]
+           "predict_modes", "task_choices", "task_help", "task_names", "task_of_finetuned",
+           "task_of_head", "task_of_objective"]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.data.batch import Batch, LossOutput, real_tokens
-from bertforge.data.finetuning.qa_postprocess import NO_SPAN_ODDS
+from bertforge.data.finetuning.qa import NO_SPAN_ODDS
 from bertforge.data.finetuning.squad import postprocess_qa, qa_features, write_qa_outputs
 from bertforge.metrics.squad import SquadQuestion, score_v2
 from bertforge.tasks.finetuning import EncoderTask, Encoded, Examples, pad_to

@@ -21,8 +21,7 @@ from bertforge.errors import ConfigError
 from bertforge.models.loading import ModelSource, open_model
 from bertforge.train.data import MakeBatch, PreparedData, PretrainData, open_pretrain_data
 from bertforge.train.distributed import DistInfo, all_reduce_sum
-from bertforge.train.guards import RESTART, check_vocab, load_for_training
-from bertforge.train.resume import verify_model_files
+from bertforge.train.guards import RESTART, check_vocab, load_for_training, verify_model_files
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from bertforge.core.limits import length_within
 from bertforge.data.batch import Batch, LossOutput
 from bertforge.data.finetuning.summarization import SummaryExample
 from bertforge.errors import ConfigError
-from bertforge.inference.generate import generate_texts, settings_for
 from bertforge.models.generation import GENERATION_CONFIG_NAME, GenerationConfig
 from bertforge.models.generation.config import named_as
+from bertforge.models.generation.texts import generate_texts, settings_for
 from bertforge.tasks.denoise import seq2seq_batch_flops, seq2seq_loss
 from bertforge.tasks.finetuning import Encoded, Examples, FinetuneTask, gather_outputs, unwrap
 

@@ -24,7 +24,7 @@ from bertforge.core.io import write_json_atomic
 from bertforge.train.distributed import DistInfo, all_reduce_sum
 from bertforge.train.flops import peak_flops
 from bertforge.train.loop import LoopConfig, step_groups, train_step
-from bertforge.train.parallelize import compiles
+from bertforge.speed import compiles
 from bertforge.train.syncs import SyncCounter, host_resident
 
 

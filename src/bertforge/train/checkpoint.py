@@ -11,7 +11,7 @@ Layout of ``{output_dir}/checkpoint-{step}/``::
         scheduler.pt            scheduler.state_dict()
         scaler.pt               GradScaler.state_dict() (only with fp16 loss scaling)
         config.json             the resolved run configuration
-        rng_rank{r}.pt          every RNG of rank r (see bertforge.train.rng)
+        rng_rank{r}.pt          every RNG of rank r (:func:`capture_rng_state`)
         data_rank{r}.json       data-loader position of rank r
     checksums.sha256            SHA-256 of every file above (``sha256sum -c`` reads it)
     COMPLETE                    written last; a directory without it is never resumed from
@@ -31,7 +31,7 @@ directory rank 0 created (:meth:`CheckpointManager.start`), before rank 0 publis
 Sharded or not, the optimizer state can be read into either layout (:func:`restore_optimizer`),
 so a run can switch between DDP and FSDP at a resume.
 
-Integrity: ``checksums.sha256`` and ``meta.json``'s list of files let ``bertforge.train.resume``
+Integrity: ``checksums.sha256`` and ``meta.json``'s list of files let ``bertforge.train.guards``
 verify a checkpoint before anything is loaded from it. A failed write (a full disk) publishes
 nothing and raises ``CheckpointWriteError`` naming the file and the newest intact checkpoint.
 """
@@ -43,6 +43,7 @@ import json
 import os
 import pickle
 import platform
+import random
 import re
 import shutil
 import time
@@ -262,7 +263,7 @@ class TrainingState:
     scheduler: Optional[dict]
     scaler: Optional[dict]
     data_state: dict[int, dict]          # rank -> data-loader state
-    rng_states: dict[int, dict]          # rank -> bertforge.train.rng state
+    rng_states: dict[int, dict]          # rank -> capture_rng_state()
     config: dict
     meta: dict = field(default_factory=dict)
     sharded_optimizer: Optional[Path] = None  # training_state/optimizer_sharded of an FSDP run
@@ -447,3 +448,64 @@ def gather_to_rank0(obj: Any) -> Optional[dict[int, Any]]:
     gathered: Optional[list[Any]] = [None] * world if rank == 0 else None
     dist.gather_object(obj, gathered, dst=0)
     return dict(enumerate(gathered)) if gathered is not None else None
+
+
+# --------------------------------------------------------------------------- RNG states
+
+RngState = dict[str, Any]
+
+
+def capture_rng_state() -> RngState:
+    """Every global generator this process draws from: Python's ``random``, NumPy's legacy
+    global generator, torch's CPU generator and each CUDA device's. Tensors and plain
+    containers only, so it round-trips through ``torch.load(weights_only=True)``; each rank
+    captures its own (``rng_rank{r}.pt``)."""
+    # NumPy's MT19937 key is a uint32 array of 624 words; stored as int64 so the torch
+    # weights-only unpickler accepts it and no value wraps around.
+    name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state: RngState = {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": str(name),
+            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+    return state
+
+
+def restore_rng_state(state: RngState, *, source: str = "RNG state") -> None:
+    """Put every generator back to ``state`` (from :func:`capture_rng_state`).
+
+    CUDA states are restored for ``min(saved, visible)`` devices, so a checkpoint written on a
+    GPU machine can still be resumed on the CPU (GPU draws then differ, CPU draws do not).
+    ``source`` (e.g. the file path) is named in errors.
+    """
+    missing = [k for k in ("python", "numpy", "torch") if k not in state]
+    if missing:
+        raise CheckpointError(f"{source}: RNG state lacks {', '.join(missing)}; the file is not "
+                              "from bertforge's capture_rng_state or is damaged. Resume from "
+                              "another checkpoint or with resume=none.")
+    try:
+        version, internal, gauss_next = state["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+        np_state = state["numpy"]
+        np.random.set_state((
+            np_state["bit_generator"],
+            np.asarray(np_state["key"].numpy(), dtype=np.uint32),
+            int(np_state["pos"]),
+            int(np_state["has_gauss"]),
+            float(np_state["gauss"]),
+        ))
+        torch.set_rng_state(state["torch"])
+        cuda: Optional[list[torch.Tensor]] = state.get("cuda")
+        if cuda and torch.cuda.is_available():
+            for device, dev_state in enumerate(cuda[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(dev_state, device)
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"{source}: cannot restore the RNG state ({exc}); resume from "
+                              "another checkpoint or with resume=none.") from exc

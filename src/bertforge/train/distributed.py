@@ -21,7 +21,7 @@ import re
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterable, Iterator, TypeVar
+from typing import Callable, ContextManager, Iterable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -216,12 +216,11 @@ def no_sync(model: nn.Module, sync: bool) -> ContextManager:
     return model.no_sync()
 
 
-def local_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def local_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """``named`` with each DTensor replaced by this rank's shard (for per-rank checks)."""
     from torch.distributed.tensor import DTensor
 
-    for name, t in named:
-        yield name, (t.to_local() if isinstance(t, DTensor) else t)
+    return [(name, t.to_local() if isinstance(t, DTensor) else t) for name, t in named]
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

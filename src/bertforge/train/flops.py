@@ -1,33 +1,32 @@
 """FLOP counts for MFU, counted from the model's shapes (not measured).
 
+One formula for every family, fed by the family's ``ModelShape`` (``bertforge.models.shapes``,
+named by its ``FamilySpec.shape``): width H, vocabulary V, per stack its layers, feed-forward
+width I, whether the feed-forward block is gated, and each layer's attention window.
 A matmul of (m x k) by (k x n) costs 2mkn FLOPs. Per sequence of S tokens, forward:
-  encoder, per layer: QKV and output projections 8SH^2, feed-forward 4SHI, attention scores and
-                       weighted sum 4S^2H (QK^T and PV);
-  pooler 2H^2 and NSP head 4H (NSP models only);
-  MLM head at P predicted positions: transform 2PH^2 and decoder 2PHV (only at masked positions
-                       when the model computes logits there; P = S otherwise).
+  encoder, per layer: QKV and output projections 8SH^2; feed-forward 4SHI (a gated GeGLU block,
+                       input projection H -> 2I: 6SHI); attention scores and weighted sum 4H
+                       per (query, key) pair the layer scores: S^2 in a global layer, the pairs
+                       with |i - j| <= w in a sliding-window layer (``window_pairs``: about
+                       2w + 1 keys per query, S^2 when the window covers the sequence);
+  pooler 2H^2 and NSP head 4H (families with an NSP head, when the objective uses it);
+  MLM head at P predicted positions: transform 2PH^2 (where the head has one) and decoder 2PHV
+                       (only at masked positions when the model computes logits there; P = S
+                       otherwise).
 A model whose heads read only some final states (a classifier the first token's, MLM the
-masked positions') runs its last layer's queries, output projection and feed-forward block only
-there (``BertModel.forward``'s ``only_at``): that layer then costs 4SH^2 (keys and values) +
-Q(4H^2 + 4HI + 4SH) for its Q computed tokens, and is counted so.
+masked positions') and whose family can run its last layer there alone (``BertModel.forward``'s
+``only_at``) runs that layer's queries, output projection and feed-forward block only there:
+the layer then costs 4SH^2 (keys and values) + Q(4H^2 + 4HI + 4SH) for its Q computed tokens,
+and is counted so.
 Training = 3 x forward (backward costs two matmuls per forward matmul). Embedding lookups,
 layer norms, softmax and activations are not counted, as is usual for MFU.
 
 Encoder-decoder (BART), per pair of an S-token source and a T-token target, forward:
-  encoder, per layer: 8SD^2 + 4SDF_enc + 4S^2D, as above;
-  decoder, per layer: self-attention 8TD^2 + 4T^2D (the causal half that a kernel may skip is
-                       counted, as is usual), cross-attention 4TD^2 (Q and output projections)
-                       + 4SD^2 (K and V of the encoder output) + 4TSD, feed-forward 4TDF_dec;
-  LM head at the P scored target positions: 2PDV.
-
-ModernBERT (``config.model_type == "modernbert"``), per sequence of S tokens, forward:
-  per layer: Wqkv 6SH^2 and Wo 2SH^2 (8SH^2, as BERT), GeGLU feed-forward Wi (H -> 2I) 4SHI and
-             Wo (I -> H) 2SHI (6SHI in all); attention 4H per (query, key) pair the layer
-             scores: S^2 pairs in a global layer, the pairs with |i - j| <= w in a
-             sliding-window layer (w = local_attention // 2: S(2w + 1) - w(w + 1) pairs once
-             S > w + 1, i.e. about 2w + 1 keys per query; S^2 when the window covers the
-             sequence);
-  MLM head at the P masked positions: dense 2PH^2 and decoder 2PHV (no pooler, no NSP).
+  encoder, per layer: as above;
+  decoder, per layer: self-attention 8TH^2 + 4T^2H (the causal half that a kernel may skip is
+                       counted, as is usual), cross-attention 4TH^2 (Q and output projections)
+                       + 4SH^2 (K and V of the encoder output) + 4TSH, feed-forward 4THI;
+  LM head at the P scored target positions: 2PHV.
 """
 
 from __future__ import annotations
@@ -37,6 +36,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from bertforge.models.registry import shape_of
+from bertforge.models.shapes import ModelShape, Stack
 from bertforge.ops.unpad import TokenLayout
 
 # Dense (no sparsity) tensor-core peak per GPU in FLOP/s, from the vendors' data sheets: bf16 and
@@ -61,23 +62,6 @@ _PEAK: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 
-def bert_train_flops(*, layers: int, hidden: int, intermediate: int, vocab: int, seq_len: float,
-                     predictions: float, nsp: bool, last_queries: float | None = None) -> float:
-    """Training FLOPs for one sequence (forward + backward). ``last_queries``: the tokens the
-    last layer runs its queries, output projection and feed-forward block for (its keys and
-    values cover all ``seq_len``), when a model computes its final states only where a head
-    reads them (``BertModel.forward``'s ``only_at``); None: every token."""
-    h, s = hidden, seq_len
-    q = s if last_queries is None else last_queries
-    layer = 8 * s * h * h + 4 * s * h * intermediate + 4 * s * s * h
-    last = 4 * s * h * h + 4 * q * h * h + 4 * q * h * intermediate + 4 * q * s * h
-    encoder = (layers - 1) * layer + last
-    heads = 2 * predictions * h * h + 2 * predictions * h * vocab
-    if nsp:
-        heads += 2 * h * h + 4 * h
-    return 3.0 * (encoder + heads)
-
-
 def window_pairs(seq_len: int, window: int) -> int:
     """(query, key) pairs of one ``seq_len``-token sequence with ``|i - j| <= window``: what a
     sliding-window layer scores (``seq_len ** 2`` when the window covers the sequence)."""
@@ -87,23 +71,73 @@ def window_pairs(seq_len: int, window: int) -> int:
     return seq_len * (2 * window + 1) - window * (window + 1)
 
 
+def _layer(hidden: int, seq_len: float, ffn: int, pairs: float, queries: float) -> float:
+    """Forward FLOPs of one layer: keys and values of ``seq_len`` tokens, queries, output
+    projection and feed-forward block (``ffn`` FLOPs per token) at ``queries`` tokens, 4H per
+    scored (query, key) pair."""
+    h = hidden
+    return 4 * seq_len * h * h + queries * (4 * h * h + ffn) + 4 * h * pairs
+
+
+def encoder_flops(stack: Stack, hidden: int, seq_len: float, windowed: bool = True,
+                  last_queries: float | None = None) -> float:
+    """Forward FLOPs of an encoder ``stack`` over one ``seq_len``-token sequence (see the module
+    docstring); ``windowed=False`` scores sliding-window layers as global (what a dense masked
+    kernel computes); ``last_queries``: the tokens the last layer runs its queries for (None:
+    every token)."""
+    s, ffn = seq_len, (6 if stack.glu else 4) * hidden * stack.intermediate
+    layers = stack.layer_windows()
+    if last_queries is not None:
+        last = stack.windows[-1] if stack.windows else None
+        layers[last] -= 1
+        keys = s if last is None or not windowed else min(s, 2 * last + 1)
+        total = _layer(hidden, s, ffn, last_queries * keys, last_queries)
+    else:
+        total = 0
+    for window, count in layers.items():
+        pairs = s * s if window is None or not windowed else window_pairs(s, window)
+        total += count * _layer(hidden, s, ffn, pairs, s)
+    return total
+
+
+def train_flops(shape: ModelShape, seq_len: float, predictions: float, *, nsp: bool = False,
+                windowed: bool = True, last_queries: float | None = None) -> float:
+    """Training FLOPs (forward + backward) of one sequence of an encoder of ``shape``: its
+    layers (:func:`encoder_flops`), its MLM head at ``predictions`` positions, and the pooler
+    and NSP head when ``nsp`` and the shape has them."""
+    h = shape.hidden
+    heads = 2 * predictions * h * shape.vocab
+    if shape.lm_transform:
+        heads += 2 * predictions * h * h
+    if nsp and shape.nsp_head:
+        heads += 2 * h * h + 4 * h
+    return 3.0 * (encoder_flops(shape.encoder, h, seq_len, windowed, last_queries) + heads)
+
+
+def bert_train_flops(*, layers: int, hidden: int, intermediate: int, vocab: int, seq_len: float,
+                     predictions: float, nsp: bool, last_queries: float | None = None) -> float:
+    """:func:`train_flops` of a BERT of these sizes. ``last_queries``: the tokens the last layer
+    runs its queries, output projection and feed-forward block for (its keys and values cover
+    all ``seq_len``), when a model computes its final states only where a head reads them
+    (``BertModel.forward``'s ``only_at``); None: every token."""
+    shape = ModelShape(hidden=hidden, vocab=vocab, encoder=Stack(layers, intermediate),
+                       parameters=0, positions=0, nsp_head=True, partial_last_layer=True)
+    return train_flops(shape, seq_len, predictions, nsp=nsp, last_queries=last_queries)
+
+
 def modernbert_train_flops(*, hidden: int, intermediate: int, vocab: int,
                            global_layers: Sequence[bool], window: int, seq_len: int,
                            predictions: float, windowed: bool = True) -> float:
-    """Training FLOPs (forward + backward) of one ModernBERT sequence of ``seq_len`` real
-    tokens with ``predictions`` MLM positions; ``global_layers``: per layer, whether it attends
-    globally. ``windowed=False`` counts the sliding-window layers as global (S^2 pairs: what a
-    dense masked kernel computes), for comparison."""
-    h, s = hidden, seq_len
-    dense = 8 * s * h * h + 6 * s * h * intermediate
-    local = window_pairs(s, window) if windowed else s * s
-    encoder = sum(dense + 4 * h * (s * s if is_global else local) for is_global in global_layers)
-    head = 2 * predictions * h * h + 2 * predictions * h * vocab
-    return 3.0 * (encoder + head)
+    """:func:`train_flops` of a ModernBERT of these sizes (GeGLU feed-forward, no NSP head);
+    ``global_layers``: per layer, whether it attends globally, else within ``window``."""
+    stack = Stack(len(global_layers), intermediate, glu=True,
+                  windows=tuple(None if g else window for g in global_layers))
+    shape = ModelShape(hidden=hidden, vocab=vocab, encoder=stack, parameters=0, positions=0)
+    return train_flops(shape, seq_len, predictions, windowed=windowed)
 
 
 def read_tokens(read: str | None, predictions: float, nsp: bool) -> float | None:
-    """The tokens a BERT model's last layer computes (``bert_train_flops``'s ``last_queries``)
+    """The tokens a model's last layer computes (:func:`encoder_flops`'s ``last_queries``)
     when its heads read ``read`` (a model class's ``last_layer_at``): None (every token),
     ``"first"`` (each sequence's first) or ``"predicted"`` (the MLM positions, and the first
     token for the NSP head)."""
@@ -114,19 +148,18 @@ def read_tokens(read: str | None, predictions: float, nsp: bool) -> float | None
 
 def sequence_flops(config, nsp: bool = False, windowed: bool = True,
                    read: str | None = None) -> Callable[[int, float], float]:
-    """(real length, MLM predictions) -> training FLOPs of one sequence, for ``config``'s
-    family: ModernBERT (global and sliding-window layers, no NSP head) or BERT (its last layer
-    at the tokens ``read``, :func:`read_tokens`)."""
-    if getattr(config, "model_type", None) == "modernbert":
-        kinds = [kind == "full_attention" for kind in config.resolved_layer_types()]
-        return lambda s, p: modernbert_train_flops(
-            hidden=config.hidden_size, intermediate=config.intermediate_size,
-            vocab=config.vocab_size, global_layers=kinds, window=config.window, seq_len=s,
-            predictions=p, windowed=windowed)
-    return lambda s, p: bert_train_flops(
-        layers=config.num_hidden_layers, hidden=config.hidden_size,
-        intermediate=config.intermediate_size, vocab=config.padded_vocab_size, seq_len=s,
-        predictions=p, nsp=nsp, last_queries=read_tokens(read, p, nsp))
+    """(real length, MLM predictions) -> training FLOPs of one sequence of an encoder of
+    ``config`` (its family's ``ModelShape``): ``nsp`` counts the NSP head where the family has
+    one, ``windowed`` sliding-window layers as such, ``read`` (:func:`read_tokens`) the last
+    layer at the tokens the heads read where the family can run it there alone."""
+    shape = shape_of(config)
+    if shape.decoder is not None:
+        raise ValueError(f"{type(config).__name__} is an encoder-decoder: count it with "
+                         "seq2seq_train_flops")
+    nsp = nsp and shape.nsp_head
+    read = read if shape.partial_last_layer else None
+    return lambda s, p: train_flops(shape, s, p, nsp=nsp, windowed=windowed,
+                                    last_queries=read_tokens(read, p, nsp))
 
 
 def batch_train_flops(config, attention_mask: torch.Tensor,
@@ -137,8 +170,7 @@ def batch_train_flops(config, attention_mask: torch.Tensor,
     row of ``attention_mask`` ((B, S), or (B, C, S) for multiple choice: B*C sequences), or per
     sequence of ``layout`` (packed rows), at its real length, with the True entries of
     ``predicted`` (same shape as the mask) as its MLM positions (none without). The count
-    follows ``config``'s family (:func:`sequence_flops`; ``windowed``: ModernBERT only;
-    ``read``: where a BERT model's last layer runs, its class's ``last_layer_at``)."""
+    follows ``config``'s family (:func:`sequence_flops`)."""
     if layout is None:
         lengths = attention_mask.reshape(-1, attention_mask.shape[-1]).sum(-1).tolist()
         preds = ([0] * len(lengths) if predicted is None else
@@ -155,21 +187,31 @@ def batch_train_flops(config, attention_mask: torch.Tensor,
     return sum(flops(s, p) for s, p in zip(lengths, preds))
 
 
+def decoder_flops(stack: Stack, hidden: int, target_len: int, source_len: int) -> float:
+    """Forward FLOPs of a decoder ``stack`` over a ``target_len``-token target attending to a
+    ``source_len``-token source (see the module docstring)."""
+    h, t, s = hidden, target_len, source_len
+    ffn = (6 if stack.glu else 4) * h * stack.intermediate
+    self_attention = 8 * t * h * h + 4 * t * t * h
+    cross_attention = 4 * t * h * h + 4 * s * h * h + 4 * t * s * h
+    return stack.layers * (self_attention + cross_attention + ffn * t)
+
+
 def seq2seq_train_flops(config, source_lengths: torch.Tensor,
                         target_lengths: torch.Tensor) -> float:
-    """Training FLOPs of a micro-batch of encoder-decoder pairs: real source and target lengths
-    per row (CPU tensors, no device sync), every target token scored."""
-    d, v = config.d_model, config.vocab_size
-    total = 0.0
+    """Training FLOPs of a micro-batch of encoder-decoder pairs of ``config`` (its family's
+    ``ModelShape``): real source and target lengths per row (CPU tensors, no device sync),
+    every target token scored."""
+    shape = shape_of(config)
+    if shape.decoder is None:
+        raise ValueError(f"{type(config).__name__} has no decoder: count it with "
+                         "batch_train_flops")
+    h, total = shape.hidden, 0.0
     for s, t in zip(source_lengths.tolist(), target_lengths.tolist()):
-        encoder = config.encoder_layers * (8 * s * d * d + 4 * s * d * config.encoder_ffn_dim
-                                           + 4 * s * s * d)
-        decoder = config.decoder_layers * (8 * t * d * d + 4 * t * t * d + 4 * t * d * d
-                                           + 4 * s * d * d + 4 * t * s * d
-                                           + 4 * t * d * config.decoder_ffn_dim)
-        total += 3.0 * (encoder + decoder + 2 * t * d * v)
+        head = 2 * t * h * shape.vocab + (2 * t * h * h if shape.lm_transform else 0)
+        total += 3.0 * (encoder_flops(shape.encoder, h, s) + decoder_flops(shape.decoder, h, t, s)
+                        + head)
     return total
-
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
     """The device's peak FLOP/s for ``precision``, or None when unknown (CPUs, unlisted GPUs)."""

@@ -1,5 +1,11 @@
 """Checks that keep bad values out of a run and out of its checkpoints.
 
+* :func:`resolve_resume`: the ``resume`` setting; :func:`verify_checkpoint` re-hashes every file
+  of a checkpoint against ``checksums.sha256`` and checks that every part a resume needs is
+  there (the list in ``training_state/meta.json``), so flipped bytes, a truncated copy or a
+  deleted file are found before anything is loaded. With ``auto`` a checkpoint that fails is
+  moved aside (``checkpoint-N.unusable``, never deleted) with a warning, and the previous one is
+  used. :func:`verify_model_files` is the check ``init_from`` needs (weights, config, tokenizer).
 * :func:`count_nonfinite` / :func:`refuse_nonfinite`: NaN or inf in weights or optimizer state,
   refused when loading (a damaged or diverged checkpoint) and before saving (never publish one).
 * :func:`check_vocab`: a checkpoint's vocabulary against the prepared data's, by content, not
@@ -11,30 +17,173 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from bertforge.core.io import CHECKSUMS_NAME, read_checksums, verify_checksums
 from bertforge.errors import CheckpointError, ConfigError
 from bertforge.models.checks import costliest_key, count_nonfinite, model_bytes, nonfinite_summary
 from bertforge.models.loading import ModelSource, load_model
 from bertforge.tokenization import read_vocab_tokens, vocab_hash
-from bertforge.train.resume import previous_checkpoint
+from bertforge.train.checkpoint import (COMPLETE, TRAINING_STATE, CheckpointManager,
+                                        checkpoint_step, load_json, required_files)
+
+log = logging.getLogger(__name__)
+
+UNUSABLE_SUFFIX = ".unusable"
+
+
+# ---------------------------------------------------------------------- which checkpoint to resume
+
+def resolve_resume(resume: Optional[str | os.PathLike],
+                   output_dir: str | os.PathLike) -> Optional[Path]:
+    """What to resume from, verified with :func:`verify_checkpoint`.
+
+    ``"auto"`` -> the newest complete checkpoint in ``output_dir`` that verifies (None if there is
+    none: a fresh start); a newer one that fails is moved aside as ``checkpoint-N.unusable`` with
+    a warning naming what is wrong and which checkpoint is used instead. ``"none"`` -> None.
+    Otherwise a checkpoint directory, which must be complete and verify. Writer only (rank 0):
+    moving a checkpoint aside changes ``output_dir``.
+    """
+    if resume is None or str(resume).strip().lower() == "none":
+        return None
+    text = str(resume).strip()
+    if not text:
+        raise ConfigError("resume is empty; use auto, none or the path of a checkpoint directory")
+    if text.lower() == "auto":
+        return _newest_usable(CheckpointManager(output_dir, keep=0))
+    path = Path(text).expanduser()
+    _check_resume_path(path)
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as exc:
+        older = previous_checkpoint(path)
+        also = f"; the previous complete checkpoint next to it is {older}" if older else ""
+        raise CheckpointError(f"resume: {exc}{also}") from None
+    return path
+
+
+def previous_checkpoint(path: Path) -> Optional[Path]:
+    """The newest complete checkpoint beside ``path`` with a lower step, if any (None too when
+    ``path`` is not a checkpoint, e.g. a Hugging Face model directory)."""
+    try:
+        step = checkpoint_step(path)
+    except CheckpointError:
+        return None
+    older = [p for s, p in CheckpointManager(path.parent, keep=0).checkpoints() if s < step]
+    return older[-1] if older else None
+
+
+def _newest_usable(manager: CheckpointManager) -> Optional[Path]:
+    """Newest checkpoint that verifies; the ones after it are moved aside, loudly."""
+    for _, path in reversed(manager.checkpoints()):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as exc:
+            aside = path.with_name(path.name + UNUSABLE_SUFFIX)
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = path.with_name(f"{path.name}{UNUSABLE_SUFFIX}{n}")
+            os.replace(path, aside)
+            left = [p.name for _, p in manager.checkpoints()]
+            log.warning("WARNING: resume=auto cannot use %s: %s. Moved it aside to %s (kept for "
+                        "inspection, never resumed from); %s", path.name, exc, aside.name,
+                        f"falling back to {left[-1]}" if left else
+                        "no other checkpoint is left, so the run starts from scratch")
+    return None
+
+
+def _check_resume_path(path: Path) -> None:
+    """CheckpointError for a ``resume`` path that is not a checkpoint directory at all."""
+    hint = "pass a checkpoint-N directory of a previous run, resume=auto or resume=none"
+    if not path.exists():
+        raise CheckpointError(f"resume: {path} does not exist; {hint}")
+    if not path.is_dir():
+        raise CheckpointError(f"resume: {path} is a file, not a checkpoint directory; {hint}")
+    if (path / COMPLETE).is_file():
+        return
+    newest = CheckpointManager(path, keep=0).latest()
+    if newest is not None:
+        raise CheckpointError(f"resume: {path} is a run directory, not a checkpoint; pass its "
+                              f"newest checkpoint {newest}, or set output_dir={path} with "
+                              "resume=auto")
+    if not (path / TRAINING_STATE).exists() and (path / "config.json").is_file():
+        raise CheckpointError(f"resume: {path} is a model directory without training state; "
+                              f"to start a new run from its weights use init_from={path}")
+    older = CheckpointManager(path.parent, keep=0).latest()
+    also = f" (the newest complete one next to it is {older})" if older else ""
+    raise CheckpointError(f"resume: {path} is not a complete checkpoint: it has no {COMPLETE} "
+                          f"marker, so its save was interrupted{also}; pass a complete "
+                          "checkpoint or resume=auto, which skips incomplete ones")
+
+
+def verify_checkpoint(path: str | os.PathLike) -> None:
+    """CheckpointError unless ``path`` is complete, intact and holds everything a resume reads.
+
+    Checks the ``COMPLETE`` marker, every file listed in ``checksums.sha256`` (present, same
+    SHA-256: this reads every byte once), and the files ``training_state/meta.json`` says must
+    exist (optimizer, or every shard of a sharded one, schedule, config, each rank's RNG and data
+    position, the loss scaler).
+    Checkpoints from before checksums (format 1) get the file checks and a warning.
+    """
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise CheckpointError(f"{path} has no {COMPLETE} marker: its save was interrupted")
+    try:
+        recorded = read_checksums(path)
+    except (OSError, ValueError) as exc:
+        recorded, problems = {}, [f"{CHECKSUMS_NAME} cannot be read ({exc})"]
+    else:
+        if recorded is None:
+            log.warning("%s has no %s (written by an older bertforge): its files cannot be "
+                        "verified", path, CHECKSUMS_NAME)
+        problems = verify_checksums(path, recorded or {})
+    ts = path / TRAINING_STATE
+    if not problems:
+        meta = load_json(ts / "meta.json") if (ts / "meta.json").is_file() else None
+        problems = [f"{TRAINING_STATE}/{name} is missing" for name in required_files(meta)
+                    if not (ts / name).is_file()]
+    if problems:
+        shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4
+                                          else "")
+        raise CheckpointError(f"{path} is damaged: {shown}")
+
+
+def verify_model_files(path: str | os.PathLike) -> None:
+    """CheckpointError if the model files of ``path`` (weights, config, tokenizer: everything
+    outside ``training_state/``) fail their recorded checksums. For ``init_from``, which reads
+    only those; a directory without ``checksums.sha256`` (e.g. from transformers) passes."""
+    path = Path(path)
+    try:
+        recorded = read_checksums(path)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}/{CHECKSUMS_NAME} cannot be read ({exc})") from None
+    if recorded is None:
+        return
+    model_files = {n: d for n, d in recorded.items() if not n.startswith(TRAINING_STATE + "/")}
+    problems = verify_checksums(path, model_files)
+    if problems:
+        raise CheckpointError(f"{path} is damaged: {'; '.join(problems)}")
+
+
+# ---------------------------------------------------------------------- what a run loads and saves
 
 GIB = 2**30
 # fp32 weights, gradients and the optimizer's two moments (LAMB and AdamW alike).
 TRAINING_BYTES_PER_PARAMETER = 16
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
     """``("state[i].exp_avg", tensor)`` for every tensor of the optimizer's state."""
-    for i, state in enumerate(optimizer.state.values()):
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                yield f"state[{i}].{key}", value
+    return [(f"state[{i}].{key}", value) for i, state in enumerate(optimizer.state.values())
+            for key, value in state.items() if torch.is_tensor(value)]
 
 
 def refuse_nonfinite(named: Iterable[tuple[str, torch.Tensor]], source: Path,
@@ -153,6 +302,7 @@ def explain_oom(config, device: torch.device, model: str) -> Iterator[None]:
             "Choose a smaller model or a device with more memory") from None
 
 
-__all__ = ["RESTART", "check_model_fits", "check_vocab", "count_nonfinite",
+__all__ = ["RESTART", "UNUSABLE_SUFFIX", "check_model_fits", "check_vocab", "count_nonfinite",
            "device_memory_bytes", "explain_oom", "load_for_training", "nonfinite_remedy",
-           "nonfinite_summary", "optimizer_tensors", "refuse_nonfinite"]
+           "nonfinite_summary", "optimizer_tensors", "previous_checkpoint", "refuse_nonfinite",
+           "resolve_resume", "verify_checkpoint", "verify_model_files"]

@@ -26,8 +26,8 @@ from bertforge.data.batch import LossOutput, to_device
 from bertforge.errors import DataError, TrainingDiverged
 from bertforge.optim.lamb import clip_grad_norm_, global_grad_norm
 from bertforge.core.signals import ALL_STOP_SIGNALS
+from bertforge.runtime.precision import Precision
 from bertforge.train.distributed import DistInfo, all_reduce_mean, any_rank, no_sync
-from bertforge.train.precision import Precision
 
 # loss_fn(model, batch) -> LossOutput: the loss to backpropagate, per-micro-batch stats that the
 # loop averages over micro-steps and ranks (e.g. "mlm_loss", "mlm_acc"), and what to count.

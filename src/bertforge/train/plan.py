@@ -1,13 +1,15 @@
 """Propose micro-batch size and gradient accumulation for a GPU set-up.
 
 An estimate, not a measurement: memory per GPU = model states + activations per sequence x
-micro-batch. Model states with mixed precision and LAMB/Adam: fp32 weights, fp32 gradients and two
-fp32 moments = 16 bytes per parameter. Activations per layer per sequence, 16-bit, without
-recomputation and with a fused (flash) attention kernel: about 34 x S x H bytes (Korthikanti et
-al., 2022, without the 5 x heads x S^2 term that fused attention does not store); doubled for fp32.
-A decoder layer (BART) also stores its cross-attention: about 46 x S x H. The output layer: the
-masked positions' logits for BERT (its sparse head), every target token's for BART. Use
-`bertforge pretrain --benchmark` to check the proposal on the real machine.
+micro-batch, with the sizes the model family's record gives (``FamilySpec.shape``: parameters,
+width, layers, vocabulary; no config field is read here). Model states with mixed precision and
+LAMB/Adam: fp32 weights, fp32 gradients and two fp32 moments = 16 bytes per parameter.
+Activations per layer per sequence, 16-bit, without recomputation and with a fused (flash)
+attention kernel: about 34 x S x H bytes (Korthikanti et al., 2022, without the 5 x heads x S^2
+term that fused attention does not store); doubled for fp32. A decoder layer (BART) also stores
+its cross-attention: about 46 x S x H (``ModelShape.activation_bytes_per_token``). The output
+layer: an encoder's masked positions' logits (its sparse head), an encoder-decoder's every
+target token's. Use `bertforge pretrain --benchmark` to check the proposal on the real machine.
 
 Learning rate: a published recipe's value where the global batch is that recipe's (LAMB: NVIDIA's
 6e-3 at 65536 and 4e-3 at 32768 for BERT, 6e-3 at 64000 and 4e-3 at 30720 for BART; Adam(W):
@@ -23,8 +25,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bertforge.errors import ConfigError
+
+if TYPE_CHECKING:  # the module stays cheap to import: the registry loads in plan_batch
+    from bertforge.models.shapes import ModelShape
 
 GIB = 2**30
 _RESERVED_GIB = 2.0     # CUDA context, allocator slack, NCCL buffers
@@ -147,12 +153,13 @@ def plan_batch(*, model: str, seq_len: int, gpus: int, gpu_memory_gib: float,
     if global_batch_size % gpus:
         raise ConfigError(f"global batch size {global_batch_size} is not divisible by {gpus} GPUs")
     family, cfg = resolve_config(model)
-    if seq_len > cfg.max_position_embeddings:
+    shape = family.model_shape(cfg)
+    if seq_len > shape.positions:
         raise ConfigError(f"sequence length {seq_len} exceeds {model}'s max_position_embeddings "
-                          f"({cfg.max_position_embeddings}); plan for at most that many tokens")
+                          f"({shape.positions}); plan for at most that many tokens")
     act_bytes = 2 if precision in ("bf16", "fp16") else 4
-    per_seq = _activation_bytes(cfg, family.seq2seq, seq_len, act_bytes, max_predictions)
-    states = 16 * cfg.num_parameters() / GIB
+    per_seq = _activation_bytes(shape, seq_len, act_bytes, max_predictions)
+    states = 16 * shape.parameters / GIB
     budget = gpu_memory_gib * _USABLE - _RESERVED_GIB - states
     if budget <= per_seq / GIB:
         raise ConfigError(f"{model} does not fit in {gpu_memory_gib} GiB per GPU at sequence "
@@ -165,19 +172,18 @@ def plan_batch(*, model: str, seq_len: int, gpus: int, gpu_memory_gib: float,
                      global_batch_size=global_batch_size, states_gib=states,
                      activations_gib_per_seq=per_seq / GIB, gpu_memory_gib=gpu_memory_gib,
                      model=model, seq_len=seq_len, precision=precision,
-                     family=family.name.lower())
+                     family=family.model_types[0])
 
 
-def _activation_bytes(cfg: object, seq2seq: bool, seq_len: int, act_bytes: int,
+def _activation_bytes(shape: ModelShape, seq_len: int, act_bytes: int,
                       max_predictions: int | None) -> float:
-    """Activation bytes one training sequence stores (see the module docstring): BERT's layers
-    and its masked positions' logits; BART's encoder and decoder layers (the target as long as
-    the source) and every target token's logits."""
-    h = cfg.hidden_size  # type: ignore[attr-defined]
-    vocab = getattr(cfg, "padded_vocab_size", None) or cfg.vocab_size  # type: ignore[attr-defined]
-    scale = seq_len * h * act_bytes / 2
-    if seq2seq:
-        layers = 34 * cfg.encoder_layers + 46 * cfg.decoder_layers  # type: ignore[attr-defined]
-        return layers * scale + seq_len * vocab * (act_bytes + 4)
-    preds = max_predictions if max_predictions is not None else max(1, round(0.15 * seq_len))
-    return cfg.num_hidden_layers * 34 * scale + preds * vocab * (act_bytes + 4)  # type: ignore[attr-defined]
+    """Activation bytes one training sequence stores (see the module docstring): its layers,
+    and the logits of an encoder's masked positions (15% of the tokens unless
+    ``max_predictions``) or of an encoder-decoder's every target token (as long as the
+    source)."""
+    layers = seq_len * shape.activation_bytes_per_token(act_bytes)
+    if shape.decoder is not None:
+        scored = seq_len
+    else:
+        scored = max_predictions if max_predictions is not None else max(1, round(0.15 * seq_len))
+    return layers + scored * shape.vocab * (act_bytes + 4)

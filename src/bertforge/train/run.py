@@ -1,6 +1,6 @@
 """The one runner: build -> restore -> loop -> log / evaluate / checkpoint -> finish, for any task.
 
-``run_task`` (and ``benchmark_task``) take a ``bertforge.tasks.base.Task`` and a run config; the
+``run_task`` (and ``benchmark_task``) take a ``bertforge.train.task.Task`` and a run config; the
 task brings data, model, loss and metrics, everything else is here. SIGTERM/SIGUSR1 during the
 train loop save a checkpoint and return (``preempted``); outside it (start-up, the final
 evaluation) they raise ``bertforge.core.signals.Stopped`` at once.
@@ -23,25 +23,24 @@ from torch import nn
 from bertforge.config import RunConfig, run_defining_keys, save_config, to_dict
 from bertforge.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
 from bertforge.core.io import ensure_writable_dir, output_lock
-from bertforge.optim import build_optimizer, build_scheduler
-from bertforge.optim.param_groups import needs_external_clipping
+from bertforge.optim import build_optimizer, build_scheduler, needs_external_clipping
 from bertforge.core.signals import Stopped, raise_on_stop
-from bertforge.tasks.base import Task
 from bertforge.train import benchmark as bench
 from bertforge.train.checkpoint import (SHARDED_OPTIMIZER, TRAINING_STATE, CheckpointManager,
-                                        CheckpointWriteError, checkpoint_step, gather_to_rank0,
-                                        load_training_state, save_training_state)
+                                        CheckpointWriteError, capture_rng_state, checkpoint_step,
+                                        gather_to_rank0, load_training_state, restore_rng_state,
+                                        save_training_state)
 from bertforge.train.optimizer_state import restore_optimizer, save_sharded_optimizer
 from bertforge.train.distributed import (DistInfo, any_rank, barrier, cleanup,
                                          collective_failure, gather_full_model, init_distributed,
                                          local_tensors, on_rank0, shard_model, wrap_ddp)
-from bertforge.train.guards import nonfinite_summary, optimizer_tensors, refuse_nonfinite
+from bertforge.train.guards import (nonfinite_summary, optimizer_tensors, refuse_nonfinite,
+                                    resolve_resume)
 from bertforge.train.loop import Hooks, LoopConfig, Trainer
-from bertforge.train.parallelize import apply_speed_options, check_attention_backend, compiles
-from bertforge.train.precision import build_precision
-from bertforge.train.resume import resolve_resume
-from bertforge.train.rng import capture_rng_state, restore_rng_state
+from bertforge.speed import apply_speed_options, check_attention_backend, compiles
+from bertforge.runtime.precision import build_precision
 from bertforge.train.run_log import RunLogger, plot_loss_curve
+from bertforge.train.task import Task
 
 log = logging.getLogger(__name__)
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # train.fsdp_reduce_dtype

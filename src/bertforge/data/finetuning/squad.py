@@ -1,4 +1,4 @@
-"""SQuAD v1.1 / v2.0 reading (the windowed features are in ``qa_windows``, re-exported here).
+"""SQuAD v1.1 / v2.0 reading (the windowed features and answers are in ``qa``, re-exported here).
 
 Files are UTF-8 (a byte order mark is allowed): the official JSON (``{"version", "data": [article{title, paragraphs[{context,
 qas[{id, question, answers[{text, answer_start}], is_impossible}]}]}]}``) or JSON Lines with one
@@ -27,13 +27,15 @@ from typing import Any
 
 from bertforge.core.jsonfile import parse_json
 from bertforge.data.finetuning.examples import Answer, QAExample
-from bertforge.data.finetuning.qa_postprocess import (
+from bertforge.data.finetuning.qa import (
+    MAX_CONTEXT_CHARS,
     QAFeatures,
     QAPredictions,
     postprocess_qa,
+    qa_features,
+    too_long,
     write_qa_outputs,
 )
-from bertforge.data.finetuning.qa_windows import MAX_CONTEXT_CHARS, qa_features, too_long
 from bertforge.errors import DataError
 
 __all__ = ["MAX_CONTEXT_CHARS", "Answer", "QAExample", "QAFeatures", "QAPredictions", "SquadData",

@@ -19,9 +19,9 @@ from bertforge.core.kinds import json_kind
 from bertforge.data.finetuning.labels import LabelMap
 from bertforge.data.collate.seq2seq import pad_rows
 from bertforge.models.registry import family_of_config
+from bertforge.runtime.precision import Precision
 from bertforge.tokenization import EncoderTokenizer, Window
 from bertforge.tokenization.prefix import Capped, encode_ids_capped, encode_window_capped
-from bertforge.train.precision import Precision
 
 
 TRUNCATION = ("error", "truncate")

@@ -21,8 +21,9 @@ from bertforge.ops.linear import cast_linears
 from bertforge.tasks.registry import (TaskSpec, check_model_fits_task, get_task, task_names,
                                       task_of_finetuned, task_of_head)
 from bertforge.tokenization import load_tokenizer
-from bertforge.train.parallelize import set_unpadding
-from bertforge.train.precision import build_precision
+from bertforge.speed import apply_speed_options
+from bertforge.runtime.device import resolve_device
+from bertforge.runtime.precision import build_precision
 
 
 def infer_task(config: Any, source: str) -> str:
@@ -62,11 +63,12 @@ def _load_model(spec: TaskSpec, source: ModelSource, device: torch.device,
     """The task's model with the directory's weights, on ``device``, in eval mode; a head the
     files lack is a ``ConfigError`` (it would answer at random), not a fresh initialisation.
     An encoder-decoder's feature extraction runs its encoder alone. Encoders run on the real
-    tokens of a batch only (``train.parallelize.set_unpadding``): the same outputs at real
-    tokens, no work on the padding of mixed-length batches. ``half``: the autocast dtype the
+    tokens of a batch only, with the CPU kernels and the partial last layer
+    (``bertforge.speed``): the same outputs at real tokens, no work on the padding of
+    mixed-length batches. ``half``: the autocast dtype the
     pipeline runs in, if any (``ops.linear.cast_linears``)."""
     model = load_model(source, spec.head, device=device)
-    set_unpadding(model, True)
+    apply_speed_options(model, unpad=True)
     if half is not None and not source.family.seq2seq:
         cast_linears(model, half)
     return model.encoder if spec.name == "feature-extraction" and source.family.seq2seq else model
@@ -82,19 +84,6 @@ def _run_settings(model_dir: Path, spec: TaskSpec, cls: type[Pipeline]) -> dict[
 
     run = load_config(FinetuneConfig, path)
     return cls.run_settings(run) if get_task(run.task).name == spec.name else {}
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"device {name!r} is not a device; use auto, cpu, cuda or "
-                          "cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name} was asked for but no CUDA GPU is available; use cpu")
-    return device
 
 
 @checked
@@ -138,7 +127,7 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     # A backend runs where its runtime put it (its ``device``; onnxruntime may have dropped
     # CUDA): report that device, and keep the inputs on the CPU when it is the CPU.
     placed = getattr(backend, "device", None)
-    target = _device(device) if placed is None else torch.device(placed)
+    target = resolve_device(device) if placed is None else torch.device(placed)
     # onnxruntime computes in the exported fp32 (or int8): torch's autocast has no say
     numerics = build_precision("fp32" if backend is not None else precision, target)
     model = backend if backend is not None else _load_model(spec, source, target, numerics.dtype)

@@ -9,8 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from bertforge.data.finetuning.qa_postprocess import WindowOffsets
-from bertforge.data.finetuning.qa_windows import too_long
+from bertforge.data.finetuning.qa import WindowOffsets, too_long
 from bertforge.data.finetuning.squad import QAExample, QAFeatures, postprocess_qa, qa_features
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines.base import (InputError, Pipeline, _MASKED_LOGIT, _fields,
@@ -29,9 +28,9 @@ class QARequest:
 @dataclass
 class QuestionAnsweringPipeline(Pipeline):
     """Extractive QA; a long context is split into doc-stride windows, never cut. A question or
-    context over ``MAX_CONTEXT_CHARS`` characters (``qa_windows``) is an ``InputError``, and so is
-    a question the tokenizer keeps nothing of. Answers are the spans evaluation picks, widened
-    to whole words (``align_to_words``)."""
+    context over ``MAX_CONTEXT_CHARS`` characters (``data.finetuning.qa``) is an
+    ``InputError``, and so is a question the tokenizer keeps nothing of. Answers are the spans
+    evaluation picks, widened to whole words (``align_to_words``)."""
 
     fields: ClassVar[tuple[str, ...]] = ("question", "context")
     text_field: ClassVar[str | None] = None  # a bare string is not a question with a context

@@ -45,7 +45,7 @@ class SummarizationPipeline(Pipeline):
     decodes: ClassVar[bool] = True
 
     def parse(self, item: Mapping[str, Any]) -> SummaryRequest:
-        from bertforge.inference.generate import generation_settings
+        from bertforge.models.generation.texts import generation_settings
 
         item = _fields(item, self.fields)
         text = _text(item, "text")
@@ -69,7 +69,7 @@ class SummarizationPipeline(Pipeline):
         return len(request.ids) * request.settings.num_beams  # beams repeat the encoder rows
 
     def run(self, requests: Sequence[SummaryRequest]) -> list[dict]:
-        from bertforge.inference.generate import generate_texts
+        from bertforge.models.generation.texts import generate_texts
 
         groups: dict[Any, list[int]] = {}
         for i, r in enumerate(requests):

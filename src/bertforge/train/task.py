@@ -1,4 +1,6 @@
-"""What a task plugs into the one runner (``bertforge.train.run``).
+"""What a task plugs into the one runner (``bertforge.train.run``): the protocol the runner
+drives, in the runner's own package so that the runner never imports a task (the task classes
+in ``bertforge.tasks`` sit above it and implement this).
 
 A task knows its data, its model class, its loss and its metrics; the runner owns everything
 else: restore and resume, precision, DDP, the train loop, logging, checkpoints, preemption,

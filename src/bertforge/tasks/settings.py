@@ -1,0 +1,46 @@
+"""The settings sections tasks add to the fine-tuning config, one record each.
+
+A task with options of its own (``--embedding.pooling=cls``) declares them here: the config key
+of its section, its typed dataclass (in a torch-free module of the task's, e.g.
+tasks/embedding_settings.py), one line of help and the tasks that read it. ``bertforge.config``
+composes ``FinetuneConfig`` from these records, so a new task's options are a record here and its
+dataclass, not an edit of config.py; ``TaskSpec.settings`` (the task registry) answers from them.
+
+Why not a field of the task registry's records: the registry names the task classes, and those
+read the config, so a config that read the registry would close an import cycle (``Ref``s count
+as imports). This module imports only ``core``: the config can read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bertforge.core.refs import Ref
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    key: str
+    """The section's config key (``embedding``: ``--embedding.loss=...``, ``embedding:`` in YAML
+    and in the saved config.yaml)."""
+    settings: Ref
+    """The section's dataclass: fields made with ``core.schema.opt``, torch-free."""
+    help: str
+    """One line for the section."""
+    tasks: tuple[str, ...]
+    """Canonical names of the tasks that read it (``bertforge.tasks.registry``)."""
+
+
+TASK_SETTINGS: tuple[TaskSettings, ...] = (
+    TaskSettings("embedding", Ref("bertforge.tasks.embedding_settings", "EmbeddingConfig"),
+                 "Embedding and reranker training",
+                 tasks=("sentence-similarity", "text-ranking")),
+)
+
+
+def settings_of(task: str) -> TaskSettings | None:
+    """The settings section of the task named ``task`` (canonical name), if it has one."""
+    return next((s for s in TASK_SETTINGS if task in s.tasks), None)
+
+
+__all__ = ["TASK_SETTINGS", "TaskSettings", "settings_of"]
