@@ -56,6 +56,16 @@ def timed(step, warm, steps):
     for _ in range(steps):
         step()
     return (time.perf_counter() - start) / steps
+
+def training_steps(model, loss, warm, steps):
+    """Seconds per AdamW training step of ``loss()`` (dropout on: train mode)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss().backward()
+        opt.step()
+    return timed(step, warm, steps)
 '''
 
 WORKLOADS = {
@@ -70,13 +80,7 @@ pick = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(2)) < 0.15
 labels[pick] = ids[pick]
 batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
          "mlm_labels": labels, "nsp_labels": torch.randint(0, 2, (32,))}
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-model.train()
-def step():
-    opt.zero_grad(set_to_none=True)
-    pretraining_loss(model, batch).loss.backward()
-    opt.step()
-print(timed(step, 2, 6))
+print(training_steps(model, lambda: pretraining_loss(model, batch).loss, 2, 6))
 ''',
     "finetune": r'''
 model = M.BertForSequenceClassification(M.BertConfig(vocab_size=30522, hidden_size=384,
@@ -84,13 +88,8 @@ model = M.BertForSequenceClassification(M.BertConfig(vocab_size=30522, hidden_si
 apply_speed_options(model, unpad=True)
 ids, mask = rows(32, 40, 128, 30522)
 y = torch.randint(0, 2, (32,))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-model.train()
-def step():
-    opt.zero_grad(set_to_none=True)
-    torch.nn.functional.cross_entropy(model(ids, mask).logits, y).backward()
-    opt.step()
-print(timed(step, 2, 5))
+print(training_steps(
+    model, lambda: torch.nn.functional.cross_entropy(model(ids, mask).logits, y), 2, 5))
 ''',
     "evaluate": r'''
 config = M.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6,
@@ -117,13 +116,7 @@ tgt, tgt_mask = rows(16, 30, 200, 8000)
 labels = tgt.masked_fill(tgt_mask == 0, -100)
 batch = {"input_ids": src, "attention_mask": src_mask, "labels": labels,
          "decoder_input_ids": torch.roll(tgt, 1, 1), "decoder_attention_mask": tgt_mask}
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-model.train()
-def step():
-    opt.zero_grad(set_to_none=True)
-    seq2seq_loss(model, batch).loss.backward()
-    opt.step()
-print(timed(step, 2, 6))
+print(training_steps(model, lambda: seq2seq_loss(model, batch).loss, 2, 6))
 ''',
     "modernbert": r'''
 from bertforge.tasks.mlm import pretraining_loss
@@ -139,13 +132,7 @@ pick = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(2)) < 0.3)
 labels[pick] = ids[pick]
 batch = {"input_ids": ids, "attention_mask": mask, "mlm_labels": labels,
          "nsp_labels": torch.full((16,), -100)}
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-model.train()
-def step():
-    opt.zero_grad(set_to_none=True)
-    pretraining_loss(model, batch).loss.backward()
-    opt.step()
-print(timed(step, 2, 6))
+print(training_steps(model, lambda: pretraining_loss(model, batch).loss, 2, 6))
 ''',
 }
 

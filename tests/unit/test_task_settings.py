@@ -16,11 +16,12 @@ from omegaconf import OmegaConf
 from bertforge import config as config_module
 from bertforge.cli import resolve
 from bertforge.config import FinetuneConfig, load_config, save_config
-from bertforge.core.schema import check_fields, config_keys, opt, run_defining_keys
+from bertforge.core.schema import config_keys, opt, run_defining_keys
 from bertforge.errors import ConfigError
 from bertforge.tasks.embedding_settings import EmbeddingConfig
 from bertforge.tasks.registry import TASKS, get_task
-from bertforge.tasks.settings import TASK_SETTINGS, TaskSettings
+from bertforge.tasks import settings as settings_module
+from bertforge.tasks.settings import TASK_SETTINGS, TaskSettings, check_task_settings
 
 # The embedding keys as they were when the section lived in config.py (order included: it is the
 # order of the saved config.yaml and of --help).
@@ -53,11 +54,19 @@ def test_the_embedding_keys_flags_and_saved_file_are_unchanged(tmp_path: Path) -
             cfg.embedding.query_prompt) == ("cls", [16, 8], "q: ")
     saved = save_config(cfg, tmp_path / "config.yaml")
     data = OmegaConf.to_container(OmegaConf.load(saved))
-    assert list(data)[-3:] == ["data", "eval", "embedding"]
+    sections = ["data", "eval", *(s.key for s in TASK_SETTINGS)]  # the records' order
+    assert list(data)[-len(sections):] == sections
     assert list(data["embedding"]) == EMBEDDING_KEYS and data["embedding"]["pooling"] == "cls"
     assert load_config(FinetuneConfig, saved) == cfg
+    # checked for the tasks that read the section, before their data is read; a run of
+    # another task ignores it
+    wrong = load_config(FinetuneConfig, None, ["--embedding.pooling=max"])
+    check_task_settings(wrong, "question-answering")
     with pytest.raises(ConfigError, match=r"embedding.pooling must be one of mean, cls, last"):
-        load_config(FinetuneConfig, None, ["--embedding.pooling=max"])
+        check_task_settings(wrong, "sentence-similarity")
+    with pytest.raises(ConfigError, match=r"embedding.matryoshka_dims must list distinct"):
+        check_task_settings(load_config(FinetuneConfig, None, [
+            "--embedding.matryoshka_dims=[8,8]"]), "text-ranking")
     with pytest.raises(ConfigError, match=r"Did you mean 'embedding.pooling'\?"):
         load_config(FinetuneConfig, None, ["--embedding.poolin=cls"])
 
@@ -65,9 +74,11 @@ def test_the_embedding_keys_flags_and_saved_file_are_unchanged(tmp_path: Path) -
 @dataclass
 class ToySettings:
     size: int = opt(2, "How big.", run_defining=True, minimum=1)
+    even: bool = opt(False, "Only even sizes.", run_defining=True)
 
-    def __post_init__(self) -> None:
-        check_fields(self, "toy.")
+    def check(self) -> None:
+        if self.even and self.size % 2:
+            raise ConfigError(f"toy.size must be even with toy.even, got {self.size}")
 
 
 class _Loaded:
@@ -90,8 +101,13 @@ def test_a_new_record_is_a_new_section(monkeypatch, tmp_path: Path) -> None:
     assert (cfg.toy.size, cfg.embedding.scale) == (5, 10.0)
     assert "toy.size" in run_defining_keys(Composed)
     assert "size: 5" in save_config(cfg, tmp_path / "c.yaml").read_text()
+    monkeypatch.setattr(settings_module, "TASK_SETTINGS", (*TASK_SETTINGS, toy))
     with pytest.raises(ConfigError, match="toy.size must be >= 1"):
-        load_config(Composed, None, ["--toy.size=0"])
+        check_task_settings(load_config(Composed, None, ["--toy.size=0"]), "text-classification")
+    with pytest.raises(ConfigError, match="toy.size must be even"):
+        check_task_settings(load_config(Composed, None, ["--toy.size=3", "--toy.even=true"]),
+                            "text-classification")
+    check_task_settings(load_config(Composed, None, ["--toy.size=0"]), "question-answering")
 
 
 def test_importing_the_config_imports_no_torch() -> None:

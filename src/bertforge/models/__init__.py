@@ -1,7 +1,9 @@
 """Model families (BERT, BART, ModernBERT): configs, presets, modules, task heads, Hugging Face interop.
 
 The names below load lazily (PEP 562): reading the family registry (``models.registry``) or a
-config class imports this package, and that must not cost importing torch and every model.
+config class imports this package, and that must not cost importing torch and every model. A
+family's config and model classes come from its record (``FamilySpec.public_names``), so a new
+family needs no edit here.
 """
 
 from __future__ import annotations
@@ -9,37 +11,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from bertforge.models.registry import FAMILIES  # plain data: its Refs load nothing
+
 _LAZY = {
-    "BartForConditionalGeneration": "bertforge.models.bart",
-    "BartForSequenceClassification": "bertforge.models.bart",
-    "BartModel": "bertforge.models.bart",
+    # besides every family's config and model classes (their records' public_names)
     "BartPreTrainedModel": "bertforge.models.bart",
     "BART_PRESETS": "bertforge.models.bart_config",
-    "BartConfig": "bertforge.models.bart_config",
-    "BertForMaskedLM": "bertforge.models.bert",
-    "BertForMultipleChoice": "bertforge.models.bert",
-    "BertForPreTraining": "bertforge.models.bert",
-    "BertForQuestionAnswering": "bertforge.models.bert",
-    "BertForSequenceClassification": "bertforge.models.bert",
-    "BertForTokenClassification": "bertforge.models.bert",
-    "BertModel": "bertforge.models.bert",
     "BertPreTrainedModel": "bertforge.models.bert",
     "MODEL_CLASSES": "bertforge.models.bert",
-    "BertConfig": "bertforge.models.config",
     "LoadReport": "bertforge.models.hub",
     "PreTrainedModel": "bertforge.models.hub",
     "read_weights": "bertforge.models.hub",
     "MODERNBERT_CLASSES": "bertforge.models.modernbert",
-    "ModernBertForMaskedLM": "bertforge.models.modernbert",
-    "ModernBertForMultipleChoice": "bertforge.models.modernbert",
-    "ModernBertForQuestionAnswering": "bertforge.models.modernbert",
-    "ModernBertForSequenceClassification": "bertforge.models.modernbert",
-    "ModernBertForTokenClassification": "bertforge.models.modernbert",
-    "ModernBertModel": "bertforge.models.modernbert",
     "ModernBertModelOutput": "bertforge.models.modernbert",
     "ModernBertPreTrainedModel": "bertforge.models.modernbert",
     "MODERNBERT_PRESETS": "bertforge.models.modernbert_config",
-    "ModernBertConfig": "bertforge.models.modernbert_config",
     "BertModelOutput": "bertforge.models.outputs",
     "BertPreTrainingOutput": "bertforge.models.outputs",
     "ClassifierOutput": "bertforge.models.outputs",
@@ -49,6 +35,8 @@ _LAZY = {
     "get_preset": "bertforge.models.presets",
     "preset_names": "bertforge.models.presets",
 }
+_LAZY.update({name: module for family in FAMILIES for name, module in family.public_names().items()
+              if module.startswith(__name__ + ".")})
 
 __all__ = sorted(_LAZY)
 

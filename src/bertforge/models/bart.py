@@ -14,7 +14,7 @@ worth knowing when reading it:
 * the LM head adds ``final_logits_bias``, a buffer transformers keeps at zero.
 
 Padding is removed once, at the encoder's entry, when ``unpad`` is set on the stacks (from
-outside: ``bertforge.train.parallelize``, ``train.unpad``): the encoder runs on its real tokens
+outside: ``bertforge.speed``, ``train.unpad``): the encoder runs on its real tokens
 (``bertforge.ops.unpad`` / ``ops.attention``, as BERT), and a teacher-forced decoder on each
 row's columns up to its last scored target (``bertforge.models.bart_varlen``: causal
 self-attention per target, cross-attention over its own source's real tokens), so no matmul,
@@ -107,7 +107,7 @@ class BartEncoder(_Stack):
                          nn.ModuleList(BartEncoderLayer(config) for _ in range(config.encoder_layers)))
         self.unpad = False
         """Run the layers on the real tokens only (``bertforge.ops.unpad``); ``forward`` re-pads
-        the output, with zeros at padding. Set from outside (``bertforge.train.parallelize``)."""
+        the output, with zeros at padding. Set from outside (``bertforge.speed``)."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 layout: TokenLayout | None = None) -> torch.Tensor:
@@ -137,7 +137,7 @@ class BartDecoder(_Stack):
                          nn.ModuleList(BartDecoderLayer(config) for _ in range(config.decoder_layers)))
         self.unpad = False
         """Teacher-forced passes run on the decoder's real tokens only when the encoder ran
-        unpadded (``BartModel.run``). Set from outside (``bertforge.train.parallelize``)."""
+        unpadded (``BartModel.run``). Set from outside (``bertforge.speed``)."""
 
     def forward(self, input_ids: torch.Tensor, encoder_hidden: torch.Tensor,
                 encoder_attention_mask: torch.Tensor | None,

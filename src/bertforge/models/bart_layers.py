@@ -74,7 +74,7 @@ class BartAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.varlen_backend = "auto"
         """Kernel for unpadded tokens (``bertforge.ops.attention.BACKENDS``); set from outside
-        (``bertforge.train.parallelize``)."""
+        (``bertforge.speed``)."""
 
     @property
     def _drop(self) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from bertforge.core.limits import POOLINGS
-from bertforge.core.schema import check_fields, opt
+from bertforge.core.schema import opt
 from bertforge.errors import ConfigError
 
 EMBEDDING_LOSSES = ("auto", "infonce", "cosent", "margin-mse", "bce", "listwise")
@@ -53,8 +53,10 @@ class EmbeddingConfig:
     gather: bool = opt(True, "Across ranks, score every anchor against all ranks' candidates "
                        "(gradients flow back to their owners).", run_defining=True)
 
-    def __post_init__(self) -> None:
-        check_fields(self, "embedding.")
+    def check(self) -> None:
+        """ConfigError for a value no embedding or reranker run can use (called by those tasks
+        only, ``tasks.settings.check_task_settings``: every fine-tuning config builds this
+        section, and a SQuAD run has nothing to check here)."""
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise ConfigError(f"embedding.scale must be a positive number, got {self.scale}")
         dims = self.matryoshka_dims

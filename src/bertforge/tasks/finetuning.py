@@ -48,6 +48,7 @@ from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import batch_train_flops
 from bertforge.train.guards import load_for_training, verify_model_files
 from bertforge.speed import apply_speed_options, read_positions
+from bertforge.tasks.settings import check_task_settings
 from bertforge.train.run import RunResult
 from bertforge.train.task import steps_for_epochs
 
@@ -222,6 +223,7 @@ class FinetuneTask(ABC):
         self.labelled = labelled
         self.tokenizer = read_tokenizer(source.directory)
         self.max_seq_length = sequence_length(cfg, spec, source.config.max_position_embeddings)
+        check_task_settings(self.cfg, self.spec.name)  # its own section (embedding.*), if any
         self.check_settings()
         self.examples = self.read()
         ex = self.examples

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bertforge.core.refs import Ref
+from bertforge.core.schema import check_fields
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class TaskSettings:
     """The section's config key (``embedding``: ``--embedding.loss=...``, ``embedding:`` in YAML
     and in the saved config.yaml)."""
     settings: Ref
-    """The section's dataclass: fields made with ``core.schema.opt``, torch-free."""
+    """The section's dataclass: fields made with ``core.schema.opt``, torch-free, and no
+    ``__post_init__`` (every fine-tuning config builds every section): its ``check()``, if it has
+    one, runs after ``check_fields`` for the tasks that read it (:func:`check_task_settings`)."""
     help: str
     """One line for the section."""
     tasks: tuple[str, ...]
@@ -43,4 +46,17 @@ def settings_of(task: str) -> TaskSettings | None:
     return next((s for s in TASK_SETTINGS if task in s.tasks), None)
 
 
-__all__ = ["TASK_SETTINGS", "TaskSettings", "settings_of"]
+def check_task_settings(cfg: object, task: str) -> None:
+    """ConfigError naming the key when the settings section of ``task`` in ``cfg`` (a
+    ``FinetuneConfig``) breaks a declared rule (``choices``, ``minimum``) or its own ``check()``.
+    A run of another task ignores the section, so it is not checked there."""
+    record = settings_of(task)
+    if record is None:
+        return
+    section = getattr(cfg, record.key)
+    check_fields(section, record.key + ".")
+    if hasattr(section, "check"):
+        section.check()
+
+
+__all__ = ["TASK_SETTINGS", "TaskSettings", "check_task_settings", "settings_of"]
