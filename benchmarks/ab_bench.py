@@ -23,11 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _common import cpu_model
 
 
 SETUP = r'''
@@ -185,7 +186,7 @@ def main() -> None:
               f"after speed / before {statistics.median(ratios):.3f}x  "
               f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
     if args.out:
-        result = {"benchmark": "ab_bench", "machine": platform.processor() or platform.machine(),
+        result = {"benchmark": "ab_bench", "machine": cpu_model(),
                   "cpu_count": os.cpu_count(), "threads": args.threads, "rounds": args.rounds,
                   "before": {"tree": str(trees["before"]), "commit": commit_of(trees["before"])},
                   "after": {"tree": str(trees["after"]), "commit": commit_of(trees["after"])},
