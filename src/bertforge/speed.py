@@ -35,7 +35,7 @@ then holds the states at those positions only (:class:`RowsOutput`), which is wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -186,7 +186,6 @@ def use_cpu_kernels(model: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------------- partial last layer
-
 OnlyAt = str | torch.Tensor | None
 """Where the final states are computed: None (every token), ``"first"`` (each sequence's first
 token) or a head's positions, a (B, S) bool mask or ascending flat positions."""
@@ -317,9 +316,7 @@ def read_positions(model: nn.Module) -> str | None:
     return getattr(model, "last_layer_at", None)
 
 
-OPTION_NAMES = tuple(f.name for f in fields(SpeedOptions))
-
-__all__ = ["FUSED", "OPTION_NAMES", "READS", "FusedHeadTransform", "FusedIntermediate",
+__all__ = ["FUSED", "READS", "FusedHeadTransform", "FusedIntermediate",
            "PartialRowsBertModel", "PartialRowsLayer", "RowsOutput", "SpeedOptions", "at_rows",
            "apply_speed_options", "check_attention_backend", "compile_layers", "compiles",
            "read_positions", "set_gradient_checkpointing", "set_unpadding", "use_cpu_kernels",
