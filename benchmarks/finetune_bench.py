@@ -23,7 +23,7 @@ same number of optimizer steps with the same micro-batch size, precision and opt
   ``DataCollatorWithPadding(pad_to_multiple_of=8)``, which does the same. Every training batch of
   both sides is checked to be identical (ids, mask, segments, labels).
 * Training step: bertforge runs its own benchmark mode,
-  ``bertforge.tasks.finetune.benchmark_finetuning(cfg)`` (what ``bertforge finetune --benchmark``
+  ``bertforge.commands.train.benchmark_finetuning(cfg)`` (what ``bertforge finetune --benchmark``
   runs: ``--warmup`` untimed steps, then ``--steps`` timed ``train_step`` calls; the report's
   ``sequences_per_s`` is used). transformers runs ``Trainer.train()`` for ``--warmup + --steps``
   steps; a callback stops the clock at the end of step ``--warmup`` and of the last step. Both
@@ -345,8 +345,8 @@ def prepare(task_name: str, args: argparse.Namespace, device: Any, hf_tok: Any,
             tmp: Path) -> Prepared:
     import transformers
 
-    from bertforge.data.collate.sequences import SequenceFeatures
-    from bertforge.tasks.finetune import build_task
+    from bertforge.data.batch import SequenceFeatures
+    from bertforge.tasks.registry import build_task
     from bertforge.train.distributed import init_distributed
 
     path, data_note = data_file(task_name, args, tmp)
@@ -413,7 +413,7 @@ def _fresh(device: Any, threads: int) -> None:
 
 def bertforge_train(p: Prepared, args: argparse.Namespace) -> dict:
     """``bertforge finetune --benchmark``'s code path: its report, seq/s as it counts them."""
-    from bertforge.tasks.finetune import benchmark_finetuning
+    from bertforge.commands.train import benchmark_finetuning
 
     report = benchmark_finetuning(p.cfg)
     expected = args.steps * args.batch
@@ -485,7 +485,7 @@ class Evaluators:
                  tmp: Path) -> None:
         import transformers
 
-        from bertforge.tasks.finetune import build_task
+        from bertforge.tasks.registry import build_task
         from bertforge.train.distributed import init_distributed
         from bertforge.runtime.precision import build_precision
 
@@ -543,7 +543,7 @@ class Evaluators:
         n = len(self.p.eval_features)
         features, dataset = self.p.eval_features, self.p.eval_ds
         if warm:  # two batches, untimed
-            from bertforge.data.collate.sequences import SequenceFeatures
+            from bertforge.data.batch import SequenceFeatures
 
             k = min(n, 2 * self.args.eval_batch)
             features = SequenceFeatures({key: v[:k] for key, v in features.arrays.items()})
@@ -887,7 +887,7 @@ def main() -> None:
                        "SequenceFeatures.collate; transformers DataCollatorWithPadding("
                        "pad_to_multiple_of=8)); identical batches verified",
             "dataloader_workers": 0,
-            "bertforge_timing": "bertforge.tasks.finetune.benchmark_finetuning(cfg) (the "
+            "bertforge_timing": "bertforge.commands.train.benchmark_finetuning(cfg) (the "
                                 "--benchmark mode): its sequences_per_s over the timed steps",
             "hf_timing": "Trainer.train(), clock from on_step_end of the last warm-up step to "
                          "on_step_end of the last step; eval/save/logging off",

@@ -19,7 +19,7 @@ warm-up), batch 32, fp32 on the CPU (``--device cuda``: both sides on the GPU; `
 bf16``: both sides train and evaluate under bf16 autocast, bertforge's ``--precision=bf16`` and
 the Trainer's ``bf16=True``).
 
-* **bertforge**: ``bertforge.tasks.finetune.finetune`` with that recipe and nothing else set, so
+* **bertforge**: ``bertforge.commands.train.finetune`` with that recipe and nothing else set, so
   its defaults apply (``train.unpad``: the encoder runs on the real tokens only; batches padded
   to their longest sequence rounded up to 8). Training time: the train loop's own clock over the
   run's single log window (``train.log_every`` larger than the run), first batch to last step.
@@ -151,7 +151,7 @@ def bertforge_config(task: str, model: Path, train: Path | None, heldout: Path, 
 
 def bertforge_run(task: str, model: Path, train: Path, heldout: Path, out: Path, seed: int,
                   epochs: float, precision: str = "fp32") -> dict[str, Any]:
-    from bertforge.tasks.finetune import finetune
+    from bertforge.commands.train import finetune
 
     result = finetune(bertforge_config(task, model, train, heldout, out, seed, epochs,
                                        precision))
@@ -167,7 +167,7 @@ def bertforge_evaluate(task: str, model: Path, heldout: Path, out: Path,
     """bertforge's evaluation pass over the held-out rows with the trained model, as a run ends
     (what ``evaluate_only`` does, the pass alone timed: features and model are built first), in
     ``precision`` (bf16: autocast, as ``--precision=bf16`` runs it)."""
-    from bertforge.tasks.finetune import build_task
+    from bertforge.tasks.registry import build_task
     from bertforge.train.distributed import init_distributed
 
     cfg = bertforge_config(task, model, None, heldout, out, 0, 1.0, precision)
@@ -260,7 +260,7 @@ def hf_evaluate(task: str, trainer: Any, evaluation: Any, heldout: Any,
 def encoded(task: str, model: Path, files: tuple[Path, Path], tmp: Path) -> tuple[Any, Any, Any]:
     """bertforge's task with both files encoded (what its evaluation scores with), and its
     training and held-out features as the Trainer's datasets; the same for every seed."""
-    from bertforge.tasks.finetune import build_task
+    from bertforge.tasks.registry import build_task
     from bertforge.train.distributed import init_distributed
 
     cfg = bertforge_config(task, model, files[0], files[1], tmp / "encode", 0, 1.0)

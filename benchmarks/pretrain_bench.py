@@ -371,7 +371,7 @@ def build_variants(names: list[str], ours: nn.Module, hf: nn.Module, padded: lis
                    packed: list[dict], args: argparse.Namespace) -> tuple[list[Variant], dict]:
     """The variants, each checked against padded bertforge's eval loss on the first samples
     before any of them trains (all copies start from the same weights)."""
-    from bertforge.tasks.pretrain import pretraining_loss
+    from bertforge.tasks.mlm import pretraining_loss
     from bertforge.speed import apply_speed_options
 
     models: dict[str, tuple] = {}  # name -> (model, loss, optimizer, data, flops kind)

@@ -191,7 +191,7 @@ def budget_steps(args, n: int, seconds: float, steps_per_s: float) -> tuple[int,
 
 def bertforge_side(data: Path, work: Path, args) -> dict:
     """Calibrate (unless --steps), run the recipe, and return its timing and final model."""
-    from bertforge.train.run_log import read_metrics
+    from bertforge.train.loop import read_metrics
 
     base = ["--config", args.recipe, f"--data.path={data}", "--tensorboard=false",
             "--resume=none", "--train.eval_batches=0", *[f"--{kv}" for kv in args.set]]

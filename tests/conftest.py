@@ -23,7 +23,7 @@ import torch
 
 from bertforge.config import PretrainConfig, load_config
 from bertforge.recipes import resolve_recipe
-from bertforge.train.run_log import read_metrics
+from bertforge.train.loop import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "assets" / "tiny_corpus.txt"

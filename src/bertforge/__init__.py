@@ -33,8 +33,8 @@ _LAZY = {  # name -> module, for what no model family's record names
     "FinetuneConfig": "bertforge.config",
     "PretrainConfig": "bertforge.config",
     "load_config": "bertforge.config",
-    "finetune": "bertforge.tasks.finetune",
-    "pretrain": "bertforge.tasks.pretrain",
+    "finetune": "bertforge.commands.train",
+    "pretrain": "bertforge.commands.train",
 }
 _PACKAGE = _Path(__file__).parent
 

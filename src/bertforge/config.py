@@ -486,4 +486,4 @@ class FinetuneConfig(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         # The task name is checked against the task registry (which this module may not read)
-        # by `bertforge finetune` before anything runs, and by tasks.finetune.build_task.
+        # by `bertforge finetune` before anything runs, and by tasks.registry.build_task.

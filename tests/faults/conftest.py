@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 
 STEPS = 6
 

@@ -25,7 +25,7 @@ from bertforge.errors import CheckpointError
 from bertforge.core.io import CHECKSUMS_NAME, write_checksums
 from bertforge.train.checkpoint import COMPLETE
 from bertforge.train.guards import verify_checkpoint
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 
 
 def flip_tensor_bytes(path: Path) -> None:

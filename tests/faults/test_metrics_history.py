@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import bertforge.train.loop as loop
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 
 
 def steps_of(metrics: Path) -> list[int]:

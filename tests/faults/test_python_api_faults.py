@@ -319,7 +319,7 @@ def test_fine_tuning_tags_and_predicts_words_by_their_word_ids(models, tmp_path:
     trained on its own tag, not the dropped one's, and every word is predicted from its own
     first sub-token (a dropped word: "O")."""
     from bertforge.config import FinetuneConfig, load_config
-    from bertforge.tasks.finetune import build_task
+    from bertforge.tasks.registry import build_task
     from bertforge.train.distributed import init_distributed
 
     data = tmp_path / "tags.jsonl"

@@ -27,7 +27,7 @@ import torch
 
 from bertforge.core.io import LOCK_NAME, output_lock
 from bertforge.models import BertConfig, BertForPreTraining
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 from bertforge.tokenization import BertTokenizer
 
 pytestmark = pytest.mark.slow

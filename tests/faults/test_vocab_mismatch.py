@@ -13,7 +13,7 @@ import pytest
 from bertforge.errors import ConfigError
 from bertforge.models import BertForPreTraining
 from bertforge.tokenization import BertTokenizer
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 
 
 def test_same_size_other_tokens_is_an_error_naming_both_vocabularies(finished, tiny,

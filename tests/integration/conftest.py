@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ranks import STEPS, run_args, torchrun
 
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from bertforge.config import PretrainConfig, load_config
 from bertforge.errors import ConfigError
 from bertforge.recipes import resolve_recipe
 from bertforge.tasks.denoise import DenoiseTask
-from bertforge.tasks.pretrain import benchmark_pretraining, pretrain, pretraining_task
+from bertforge.commands.train import benchmark_pretraining, pretrain, pretraining_task
 from bertforge.train.distributed import DistInfo
 
 ROOT = Path(__file__).resolve().parents[2]

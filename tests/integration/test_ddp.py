@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 from ranks import STEPS, assert_lines_close, assert_weights_close, run_args, torchrun
 
 def test_two_ranks_equal_one_process_with_accumulation(single: Path, ddp: Path,

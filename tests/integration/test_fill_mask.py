@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bertforge.cli import main
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 
 TEXTS = ["the keeper climbed the [MASK] every evening.", "[MASK] winter storms the waves rose."]
 TOP_K = 4

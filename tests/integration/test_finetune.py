@@ -17,7 +17,7 @@ import bertforge.train.loop
 from bertforge.cli import main
 from bertforge.config import FinetuneConfig, load_config
 from bertforge.models import BertConfig, BertForPreTraining
-from bertforge.tasks.finetune import finetune
+from bertforge.commands.train import finetune
 from bertforge.tokenization import BertTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def test_every_task_writes_its_outputs_and_an_hf_model(case: str, tiny_bert: Pat
     hf, info = getattr(transformers, auto).from_pretrained(out, output_loading_info=True)
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"])
     # Same logits from transformers and from bertforge's reloaded model on a real batch.
-    from bertforge.tasks.finetune import build_task
+    from bertforge.tasks.registry import build_task
     from bertforge.tasks.finetuning import unwrap
     from bertforge.train.distributed import init_distributed
 
@@ -208,7 +208,7 @@ def test_evaluate_only_without_training_data(tiny_bert: Path, tmp_path: Path) ->
         json.loads((trained / "eval_results.json").read_text()))
     # In bf16 an evaluation-only model stores its linear weights in bf16 once (what autocast
     # would give each batch); the predictions stay those of fp32 here.
-    from bertforge.tasks.finetune import build_task
+    from bertforge.tasks.registry import build_task
     from bertforge.train.distributed import init_distributed
 
     cfg = load_config(FinetuneConfig, None, [
@@ -221,7 +221,7 @@ def test_evaluate_only_without_training_data(tiny_bert: Path, tmp_path: Path) ->
 
 
 def test_multiple_choice_counts_examples_not_choices(tiny_bert: Path, tmp_path: Path) -> None:
-    from bertforge.tasks.finetune import build_task
+    from bertforge.tasks.registry import build_task
     from bertforge.train.distributed import init_distributed
 
     task = build_task(load_config(FinetuneConfig, None, args(tiny_bert, tmp_path, "swag")),

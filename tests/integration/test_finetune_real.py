@@ -46,7 +46,7 @@ import torch
 from bertforge.config import FinetuneConfig, load_config
 from bertforge.data.finetuning import read_glue
 from bertforge.metrics.squad import token_f1
-from bertforge.tasks.finetune import finetune
+from bertforge.commands.train import finetune
 
 pytestmark = pytest.mark.slow
 

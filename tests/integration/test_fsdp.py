@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from ranks import STEPS, assert_lines_close, assert_weights_close, free_port, run_args, torchrun
 
 from bertforge.errors import CheckpointError
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 from bertforge.train.checkpoint import SHARDED_OPTIMIZER
 from bertforge.train.guards import verify_checkpoint
 

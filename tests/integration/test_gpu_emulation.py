@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from ranks import STEPS, run_args, torchrun
 
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 
 pytestmark = pytest.mark.slow
 GPU_STEP = ("--train.fsdp=true", "--precision=bf16", "--train.compile=true",

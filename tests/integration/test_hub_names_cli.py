@@ -17,7 +17,7 @@ from bertforge.cli import main
 from bertforge.models import BertConfig, BertForPreTraining
 from bertforge.tasks.stream import weights_source
 from bertforge.tokenization import BertTokenizer
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 from hub_cache import COMMIT, fill_cache
 
 REVIEWS = Path(__file__).resolve().parents[1] / "assets" / "finetune" / "reviews.csv"

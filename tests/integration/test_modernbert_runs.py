@@ -17,8 +17,8 @@ from bertforge.config import FinetuneConfig, PretrainConfig, load_config
 from bertforge.data.prepare import prepare
 from bertforge.inference.pipelines import load_pipeline
 from bertforge.recipes import resolve_recipe
-from bertforge.tasks.finetune import finetune
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import finetune
+from bertforge.commands.train import pretrain
 from bertforge.tokenization import ModernBpeTokenizer, load_tokenizer
 from bertforge.tokenization.training import train_modern_bpe
 

@@ -17,7 +17,7 @@ from bertforge.errors import ConfigError, DataError
 from bertforge.models import BertForPreTraining
 from bertforge.train.data import open_pretrain_data
 from bertforge.train.distributed import DistInfo
-from bertforge.tasks.pretrain import benchmark_pretraining, pretrain
+from bertforge.commands.train import benchmark_pretraining, pretrain
 
 CPU = torch.device("cpu")
 ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU)
@@ -200,7 +200,7 @@ def test_data_errors_name_the_problem(tmp_path: Path, tiny_config) -> None:
 
 def test_model_follows_the_data_and_refuses_short_positions(tmp_path: Path, tiny,
                                                             tiny_config) -> None:
-    from bertforge.tasks.pretrain import pretraining_task
+    from bertforge.commands.train import pretraining_task
 
     def build(*overrides: str):
         return pretraining_task(tiny_config(tmp_path, *overrides), ONE_PROCESS).build_model(None)

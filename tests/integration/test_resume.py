@@ -27,7 +27,7 @@ from bertforge.optim import schedule_lr
 from bertforge.train.checkpoint import load_training_state
 from bertforge.train.data import open_pretrain_data
 from bertforge.train.distributed import DistInfo
-from bertforge.tasks.pretrain import pretrain
+from bertforge.commands.train import pretrain
 
 ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

@@ -16,7 +16,7 @@ import torch
 from bertforge.cli import main
 from bertforge.config import FinetuneConfig, load_config
 from bertforge.errors import ConfigError
-from bertforge.tasks.finetune import finetune
+from bertforge.commands.train import finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "assets" / "tiny_corpus.txt"

@@ -212,7 +212,7 @@ def test_progress_is_drawn_on_terminals_only(tmp_path, monkeypatch, capsys) -> N
     import io
 
     from bertforge.core.progress import PROGRESS_ENV, progress_bar
-    from bertforge.train.run_log import RunLogger
+    from bertforge.train.loop import RunLogger
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -16,7 +16,7 @@ import torch
 
 from bertforge.data.collate.mlm import collate_rows
 from bertforge.models import BertConfig, BertForPreTraining
-from bertforge.tasks.pretrain import pretraining_loss
+from bertforge.tasks.mlm import pretraining_loss
 from bertforge.speed import (compile_layers, set_gradient_checkpointing,
                                          set_unpadding)
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.data.collate.sequences import SequenceFeatures
+from bertforge.data.batch import SequenceFeatures
 from bertforge.tasks.finetuning import predict
 from bertforge.train.distributed import DistInfo
 

@@ -313,7 +313,7 @@ def test_a_run_with_them_resumes_bitwise(tmp_path, tiny_config, run_metrics) -> 
     """The train loop with decoupled_stableadamw and wsd, resumed from a checkpoint into a new
     directory, ends with the uninterrupted run's weights, byte for byte, at the same lrs."""
     from bertforge.optim import schedule_lr
-    from bertforge.tasks.pretrain import pretrain
+    from bertforge.commands.train import pretrain
 
     extra = ("--optim.name=decoupled_stableadamw", "--optim.schedule=wsd", "--optim.warmup=0.2",
              "--optim.decay=0.5", "--optim.weight_decay=1e-3", "--optim.max_grad_norm=0",

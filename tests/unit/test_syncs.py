@@ -16,7 +16,7 @@ from bertforge.data.collate.mlm import collate_rows
 from bertforge.models import BertConfig, BertForPreTraining
 from bertforge.ops.unpad import LAYOUT_KEYS
 from bertforge.optim import build_optimizer, build_scheduler
-from bertforge.tasks.pretrain import pretraining_loss
+from bertforge.tasks.mlm import pretraining_loss
 from bertforge.train.loop import train_step
 from bertforge.speed import set_unpadding
 from bertforge.runtime.precision import build_precision

@@ -18,7 +18,7 @@ from bertforge.optim import build_optimizer, build_scheduler, schedule_lr
 from bertforge.train.distributed import DistInfo
 from bertforge.train.loop import Hooks, LoopConfig, Trainer, train_step
 from bertforge.runtime.precision import build_precision
-from bertforge.tasks.pretrain import pretraining_loss
+from bertforge.tasks.mlm import pretraining_loss
 
 CPU = torch.device("cpu")
 VOCAB = 50

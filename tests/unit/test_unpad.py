@@ -23,7 +23,7 @@ from bertforge.models.bart import BartForConditionalGeneration
 from bertforge.models.bart_config import BartConfig
 from bertforge.ops.attention import varlen_attention
 from bertforge.ops.unpad import TokenLayout, layout_from_batch, packed_keep_mask, token_layout
-from bertforge.tasks.pretrain import pretraining_loss
+from bertforge.tasks.mlm import pretraining_loss
 from bertforge.speed import set_gradient_checkpointing, set_unpadding
 
 CPU_BACKENDS = ("padded", "nested")

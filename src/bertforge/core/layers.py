@@ -42,16 +42,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train",),
     # the task classes: each a Task of the runner
     ("tasks",),
-    # the pipelines; the task records, which name them with the task classes below; and what
-    # looks a task up in the records: the runner's entry points (and the pipelines' loader,
+    # the pipelines; the task records, which name them with the task classes below and build
+    # a config's task; and what looks a task up in the records (the pipelines' loader,
     # predict, the interactive prompt, in inference/)
-    ("inference", "tasks.registry", "tasks.finetune", "tasks.pretrain"),
+    ("inference", "tasks.registry"),
     # ONNX export and the HTTP server
     ("export", "serve"),
-    # the tiny end-to-end run `bertforge demo` makes
-    ("demo",),
-    # one typed config + run() per command
-    ("commands",),
+    # one typed config + run() per command (pretrain and finetune: the runner's entry points);
+    # the tiny end-to-end run `bertforge demo` makes, which calls those entry points
+    ("commands", "demo"),
     # argument parsing; the package's lazy public names
     ("cli", "__init__"),
 )

@@ -78,7 +78,7 @@ def run_demo(workdir: Path, steps: int = 300, bart_steps: int = 300) -> dict:
     from bertforge.demo.corpus import build_sample_corpus
     from bertforge.tokenization import BertTokenizer
     from bertforge.tokenization.training import train_wordpiece
-    from bertforge.tasks.pretrain import pretrain
+    from bertforge.commands.train import pretrain
 
     t0 = time.perf_counter()
     if claim_workdir(workdir):
@@ -161,7 +161,7 @@ def _finetune_qa(workdir: Path, checkpoint: Path) -> dict:
     """SQuAD-style fine-tuning of the pretrained checkpoint on the stdlib QA sample."""
     from bertforge.config import FinetuneConfig, load_config
     from bertforge.demo.qa_data import build_sample_qa
-    from bertforge.tasks.finetune import finetune
+    from bertforge.commands.train import finetune
 
     train, dev, n_train, n_dev = build_sample_qa(workdir / "qa")
     print(f"{train} ({n_train} questions), {dev} ({n_dev} questions)")
@@ -183,7 +183,7 @@ def _bart(workdir: Path, corpus: Path, steps: int) -> dict:
     from bertforge.models.bart import BartForConditionalGeneration
     from bertforge.data.collate.seq2seq import DenoisingBatchMaker
     from bertforge.data.noising import noise_vocab
-    from bertforge.tasks.pretrain import pretrain
+    from bertforge.commands.train import pretrain
     from bertforge.tokenization import load_tokenizer
     from bertforge.tokenization.training import train_bpe
 

@@ -18,7 +18,7 @@ from bertforge.config import FinetuneConfig, load_config
 from bertforge.core.io import check_output_file
 from bertforge.errors import ConfigError
 from bertforge.models.loading import model_directory, open_model
-from bertforge.tasks.registry import task_names, task_of_finetuned
+from bertforge.tasks.registry import build_task, task_names, task_of_finetuned
 
 
 def task_overrides(model: Path) -> list[str]:
@@ -40,7 +40,6 @@ def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str]
     """Predictions for ``data`` written atomically to ``output`` (SQuAD: id -> answer JSON;
     other tasks: JSON Lines with id and label/tags/summary). ``overrides`` (``--key=value``)
     and ``values`` (typed, nested) are fine-tuning config settings, as ``load_config`` takes."""
-    from bertforge.tasks.finetune import build_task
     from bertforge.train.run import distributed_run
 
     if not data.is_file():

@@ -40,6 +40,7 @@ from bertforge.tasks import embedding_losses as losses
 from bertforge.tasks.embedding_cache import cached_embeddings
 from bertforge.tasks.embedding_eval import embed_texts, score_validation, validation_of
 from bertforge.tasks.finetuning import RESULTS_FILE, Encoded, Examples, FinetuneTask, unwrap
+from bertforge.tasks.settings import check_task_settings
 from bertforge.train.distributed import gather_full_model, is_sharded
 
 BEST_DIR = "best"
@@ -75,6 +76,7 @@ class SentenceSimilarityTask(FinetuneTask):
     supports_fsdp = True  # every rank evaluates; the model is gathered whole before a save
 
     def check_settings(self) -> None:
+        check_task_settings(self.cfg, self.spec.name)  # embedding.*: its rules and check()
         e = self.cfg.embedding
         saved = saved_max_seq_length(self.source.directory)
         if self.cfg.data.max_seq_length is None and saved is not None:

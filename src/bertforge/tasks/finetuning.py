@@ -1,6 +1,7 @@
 """What every fine-tuning task shares: its record, starting weights, examples and features,
-batching, evaluation passes and outputs. The entry points (``finetune``, ``build_task``) are in
-``bertforge.tasks.finetune``.
+batching, evaluation passes and outputs. The entry points: ``finetune`` in
+``bertforge.commands.train`` (the command), ``build_task`` beside the task records
+(``bertforge.tasks.registry``).
 
 A task is built in explicit steps, each returning data of the same types for every task:
 
@@ -36,8 +37,8 @@ from torch import nn
 from bertforge.config import FinetuneConfig
 from bertforge.core.io import finite_json, write_json_atomic, write_text_atomic
 from bertforge.core.limits import length_within
-from bertforge.data.batch import Batch, LossOutput, real_tokens, to_device
-from bertforge.data.collate.sequences import SEQUENCE_KEYS, SequenceFeatures
+from bertforge.data.batch import (SEQUENCE_KEYS, Batch, LossOutput, SequenceFeatures, real_tokens,
+                                  to_device)
 from bertforge.data.loader import PretrainingLoader
 from bertforge.errors import ConfigError, DataError, in_context
 from bertforge.models.loading import ModelSource, open_model
@@ -48,7 +49,6 @@ from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import batch_train_flops
 from bertforge.train.guards import load_for_training, verify_model_files
 from bertforge.speed import apply_speed_options, read_positions
-from bertforge.tasks.settings import check_task_settings
 from bertforge.train.run import RunResult
 from bertforge.train.task import steps_for_epochs
 
@@ -223,7 +223,6 @@ class FinetuneTask(ABC):
         self.labelled = labelled
         self.tokenizer = read_tokenizer(source.directory)
         self.max_seq_length = sequence_length(cfg, spec, source.config.max_position_embeddings)
-        check_task_settings(self.cfg, self.spec.name)  # its own section (embedding.*), if any
         self.check_settings()
         self.examples = self.read()
         ex = self.examples
@@ -245,7 +244,8 @@ class FinetuneTask(ABC):
     # -- the task's own parts ---------------------------------------------------------------
     def check_settings(self) -> None:
         """Check the task's own settings against the model (lengths, generation), before any
-        data is read: a setting that cannot work fails now, not after training."""
+        data is read: a setting that cannot work fails now, not after training. A task with a
+        settings section of its own checks it here (``tasks.settings.check_task_settings``)."""
 
     @abstractmethod
     def read(self) -> Examples:

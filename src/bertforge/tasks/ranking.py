@@ -23,6 +23,7 @@ from bertforge.data.finetuning.pairs import TextRows
 from bertforge.errors import ConfigError
 from bertforge.tasks.classify import sequence_arrays
 from bertforge.tasks.finetuning import EncoderTask, Encoded, Examples
+from bertforge.tasks.settings import check_task_settings
 
 RANKING_LOSSES = {"bce": "pointwise", "listwise": "listwise"}
 
@@ -61,6 +62,9 @@ def ranked_pairs(rows: TextRows) -> tuple[list[tuple[str, str]], list[str], list
 
 class TextRankingTask(EncoderTask):
     """Facts of its examples: ``loss`` ("bce" or "listwise")."""
+
+    def check_settings(self) -> None:
+        check_task_settings(self.cfg, self.spec.name)  # embedding.*: its rules and check()
 
     def read(self) -> Examples:
         d, read = self.cfg.data, self.spec.reader.load()

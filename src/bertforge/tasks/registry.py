@@ -16,17 +16,24 @@ had (``squad_v2``, ``glue/mrpc``, ...), so checkpoints are unchanged; ``finetune
 Implementation classes and functions are named by ``Ref``: reading this module imports no torch,
 and the import-cycle test reads every ``Ref`` as an import, so the records cannot hide a cycle.
 Adding a task is one record here plus its own module (tasks/<name>.py, and a pipeline module
-when it is served).
+when it is served). ``build_task`` makes the fine-tuning task object a config names (the
+``finetune`` command, ``predict``).
 """
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from bertforge.core.refs import Ref
 from bertforge.errors import ConfigError
 from bertforge.tasks.settings import TaskSettings, settings_of
+
+if TYPE_CHECKING:  # annotations only: reading the records imports no torch
+    from bertforge.config import FinetuneConfig
+    from bertforge.tasks.finetuning import FinetuneTask
+    from bertforge.train.distributed import DistInfo
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 """The graph inputs of every exported encoder head: (batch, sequence) int64."""
@@ -130,7 +137,7 @@ TASKS: tuple[TaskSpec, ...] = (
         head="question-answering", aliases=("squad", "qa"),
         trainer=Ref("bertforge.tasks.squad", "SquadTask"),
         reader=Ref("bertforge.data.finetuning.squad", "read_squad"),
-        batches=Ref("bertforge.data.collate.sequences", "SequenceFeatures"),
+        batches=Ref("bertforge.data.batch", "SequenceFeatures"),
         metric=Ref("bertforge.metrics.squad", "score_v1"), primary_metric="f1",
         pipeline=Ref("bertforge.inference.pipelines.qa", "QuestionAnsweringPipeline"),
         predict_mode="qa",
@@ -145,7 +152,7 @@ TASKS: tuple[TaskSpec, ...] = (
         aliases=("classification", "glue", "classify", "sentiment-analysis"),
         trainer=Ref("bertforge.tasks.classify", "ClassificationTask"),
         reader=Ref("bertforge.data.finetuning.tables", "read_classification"),
-        batches=Ref("bertforge.data.collate.sequences", "SequenceFeatures"),
+        batches=Ref("bertforge.data.batch", "SequenceFeatures"),
         metric=Ref("bertforge.metrics.classification", "classification_metrics"),
         primary_metric="accuracy",
         pipeline=Ref("bertforge.inference.pipelines.encoders", "TextClassificationPipeline"),
@@ -158,7 +165,7 @@ TASKS: tuple[TaskSpec, ...] = (
         head="token-classification", aliases=("tag", "ner"),
         trainer=Ref("bertforge.tasks.tagging", "TokenClassificationTask"),
         reader=Ref("bertforge.data.finetuning.conll", "read_token_tags"),
-        batches=Ref("bertforge.data.collate.sequences", "SequenceFeatures"),
+        batches=Ref("bertforge.data.batch", "SequenceFeatures"),
         metric=Ref("bertforge.metrics.seqeval", "entity_scores"), primary_metric="f1",
         pipeline=Ref("bertforge.inference.pipelines.encoders", "TokenClassificationPipeline"),
         predict_mode="tag", serving=Serving("/v1/token-classification"),
@@ -211,7 +218,7 @@ TASKS: tuple[TaskSpec, ...] = (
         head="sequence-classification", aliases=("reranker", "rerank"),
         trainer=Ref("bertforge.tasks.ranking", "TextRankingTask"),
         reader=Ref("bertforge.data.finetuning.pairs", "read_ranking"),
-        batches=Ref("bertforge.data.collate.sequences", "SequenceFeatures"),
+        batches=Ref("bertforge.data.batch", "SequenceFeatures"),
         metric=Ref("bertforge.metrics.retrieval", "retrieval_metrics"), primary_metric="ndcg@10",
         pipeline=Ref("bertforge.inference.pipelines.encoders", "TextRankingPipeline"),
         predict_mode="rerank", serving=Serving("/v1/text-ranking", tei_kind="reranker"),
@@ -262,6 +269,20 @@ def check_model_fits_task(spec: TaskSpec, family: object, model: str,
                                                                               family.seq2seq)]
         raise ConfigError(f"model={model} is a {family.name} model, which has no {spec.head} "
                           f"head for task {name}; {family.name} models do {', '.join(able)}")
+
+
+def build_task(cfg: FinetuneConfig, info: DistInfo, labelled: bool = True) -> FinetuneTask:
+    """The task object for ``cfg.task`` (``labelled=False``: predict, do not score). The model's
+    config.json is read here, once, and handed to the task."""
+    from bertforge.models.loading import open_model  # torch: only once a task is built
+
+    spec = get_task(cfg.task, command="finetune")
+    if not cfg.model:
+        raise ConfigError("model is not set: give --model=DIR (a Hugging Face BERT or BART "
+                          "directory, or a bertforge checkpoint)")
+    source = open_model(cfg.model)  # a preset or config.json is refused by the task
+    check_model_fits_task(spec, source.family, str(cfg.model), given=cfg.task)
+    return spec.trainer.load()(cfg, info, spec, source, labelled)
 
 
 def _allowed(command: str | None, served: bool) -> list[TaskSpec]:
@@ -343,6 +364,6 @@ def predict_modes() -> dict[str, str]:
 
 
 __all__ = ["ENCODER_INPUTS", "Export", "SEQUENCE", "Serving", "TASKS", "TaskSpec",
-           "check_model_fits_task", "get_task",
+           "build_task", "check_model_fits_task", "get_task",
            "predict_modes", "task_choices", "task_help", "task_names", "task_of_finetuned",
            "task_of_head", "task_of_objective"]

@@ -36,10 +36,9 @@ from bertforge.train.distributed import (DistInfo, any_rank, barrier, cleanup,
                                          local_tensors, on_rank0, shard_model, wrap_ddp)
 from bertforge.train.guards import (nonfinite_summary, optimizer_tensors, refuse_nonfinite,
                                     resolve_resume)
-from bertforge.train.loop import Hooks, LoopConfig, Trainer
+from bertforge.train.loop import Hooks, LoopConfig, RunLogger, Trainer, plot_loss_curve
 from bertforge.speed import apply_speed_options, check_attention_backend, compiles
 from bertforge.runtime.precision import build_precision
-from bertforge.train.run_log import RunLogger, plot_loss_curve
 from bertforge.train.task import Task
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertforge.data.collate.sequences import SequenceFeatures
+from bertforge.data.batch import SequenceFeatures
 
 
 class ChoiceFeatures(SequenceFeatures):
