@@ -265,6 +265,19 @@ def test_a_tokenizer_file_is_judged_by_the_model_beside_it(tmp_path) -> None:
         load_tokenizer(directory / "vocab.txt")
 
 
+
+def test_a_caller_that_opened_the_model_gives_its_family(tmp_path, monkeypatch) -> None:
+    """A run opened the model (config.json read once): the tokenizer check takes that family
+    instead of reading config.json again, and refuses the same way."""
+    import bertforge.tokenization.loading as loading
+
+    directory = model_dir(tmp_path, "bpe", "bart")
+    assert type(loading.load_tokenizer(directory, BART)).__name__ == "BpeTokenizer"
+    monkeypatch.setattr(loading, "_family_in", lambda d: pytest.fail("config.json read again"))
+    assert type(loading.load_tokenizer(directory, BART)).__name__ == "BpeTokenizer"
+    with pytest.raises(DataError, match="but its config.json is a BERT model"):
+        loading.load_tokenizer(directory, BERT)
+
 # --- public names -------------------------------------------------------------------------------
 
 BEFORE = [  # dir(bertforge) right after `import bertforge`, before issue 39

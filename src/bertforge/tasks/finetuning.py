@@ -142,10 +142,11 @@ def gather_outputs(mine: dict[str, np.ndarray], info: DistInfo) -> dict[str, np.
     return {k: np.concatenate([part[k] for part in gathered if k in part]) for k in keys}
 
 
-def read_tokenizer(model: str | Path) -> Any:
-    """The tokenizer saved in the model directory (WordPiece for BERT, byte-level BPE for BART)."""
+def read_tokenizer(model: str | Path, family: Any = None) -> Any:
+    """The tokenizer saved in the model directory (WordPiece for BERT, byte-level BPE for BART);
+    ``family``: the model's, when it is open already."""
     try:
-        return load_tokenizer(Path(model))
+        return load_tokenizer(Path(model), family)
     except DataError as exc:  # it names the files it expected
         raise ConfigError(in_context(f"model={model}", exc, str(model))) from None
 
@@ -221,7 +222,7 @@ class FinetuneTask(ABC):
         source = require_weights(source)
         self.cfg, self.info, self.spec, self.source = cfg, info, spec, source
         self.labelled = labelled
-        self.tokenizer = read_tokenizer(source.directory)
+        self.tokenizer = read_tokenizer(source.directory, source.family)
         self.max_seq_length = sequence_length(cfg, spec, source.config.max_position_embeddings)
         self.check_settings()
         self.examples = self.read()

@@ -43,7 +43,8 @@ def read_vocab_tokens(directory: str | Path) -> list[str] | None:
 
 
 @checked
-def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer | ModernBpeTokenizer:
+def load_tokenizer(path: str | Path, family: Any = None
+                   ) -> BertTokenizer | BpeTokenizer | ModernBpeTokenizer:
     """The tokenizer ``path`` holds (see the module docstring): a vocab.txt is WordPiece
     (``BertTokenizer``); a tokenizer.json is WordPiece or byte-level BPE by its model type, the
     BPE being ModernBERT's (``ModernBpeTokenizer``) or BART's (``BpeTokenizer``) as the
@@ -52,11 +53,12 @@ def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer | ModernBpe
     name that is no local path (``"google-bert/bert-base-uncased"``) is read from its cached
     snapshot, else downloaded (``bertforge.models.hub_names``; ``ConfigError`` when offline
     without it). ``DataError`` when the path holds none of these, or a kind the model beside
-    it does not read."""
+    it does not read. ``family``: the ``FamilySpec`` of that model when the caller has opened it
+    already (config.json is then not read again)."""
     check_path_text(path, "tokenizer path")
     path = _hub_directory(path)
     if path.is_dir():
-        kind = _directory_kind(path)
+        kind = _directory_kind(path, family)
         if kind is None:
             raise DataError(f"{path} holds no tokenizer: expected tokenizer.json, vocab.txt (BERT) "
                             "or vocab.json + merges.txt (BART)")
@@ -68,7 +70,7 @@ def load_tokenizer(path: str | Path) -> BertTokenizer | BpeTokenizer | ModernBpe
         raise DataError(f"{path} is one half of a BPE tokenizer; give the directory that holds "
                         "both vocab.json and merges.txt")
     kind = _json_kind(path) if path.suffix == ".json" else "wordpiece"
-    return KINDS[_readable(kind, path.parent)].from_file(path)
+    return KINDS[_readable(kind, path.parent, family)].from_file(path)
 
 
 def _hub_directory(path: str | Path) -> Path:
@@ -82,7 +84,7 @@ def _hub_directory(path: str | Path) -> Path:
     return path if name is None else hub_snapshot(name, f"tokenizer {path}", weights=False)
 
 
-def _directory_kind(directory: Path) -> str | None:
+def _directory_kind(directory: Path, family: Any = None) -> str | None:
     """The kind of tokenizer a directory holds (its tokenizer.json, else its vocab.txt, else its
     vocab.json + merges.txt), checked against the model beside it (:func:`_readable`); None
     when it holds none."""
@@ -94,7 +96,7 @@ def _directory_kind(directory: Path) -> str | None:
         kind = "bpe"
     else:
         return None
-    return _readable(kind, directory)
+    return _readable(kind, directory, family)
 
 
 def _json_kind(path: Path) -> str:
@@ -110,10 +112,11 @@ def _json_kind(path: Path) -> str:
                     "byte-level BPE (BART, ModernBERT) tokenizers only")
 
 
-def _readable(kind: str, directory: Path) -> str:
-    """``kind``, when the model in ``directory`` (if any, of a family bertforge knows) reads it
-    (its record's ``tokenizers``); ``DataError`` when it does not."""
-    family = _family_in(directory)
+def _readable(kind: str, directory: Path, family: Any = None) -> str:
+    """``kind``, when the model in ``directory`` (``family``, else read from its config.json: if
+    any, of a family bertforge knows) reads it (its record's ``tokenizers``); ``DataError``
+    when it does not."""
+    family = _family_in(directory) if family is None else family
     if family is None or kind in family.tokenizers:
         return kind
     reads = " or ".join(_LABELS[k] for k in family.tokenizers)

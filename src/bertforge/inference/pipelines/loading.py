@@ -118,7 +118,7 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     try:
-        tokenizer = load_tokenizer(model_dir)
+        tokenizer = load_tokenizer(model_dir, source.family)
     except DataError as exc:
         raise ConfigError(in_context(f"model {model_dir}", exc, str(model_dir))) from None
     settings = _run_settings(model_dir, spec, cls)
