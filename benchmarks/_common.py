@@ -32,18 +32,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def git_commit() -> str:
-    """``git rev-parse HEAD`` of the checkout holding this script; "uncommitted" if none."""
+def git_commit(tree: Path | None = None) -> str:
+    """``git rev-parse HEAD`` of the checkout ``tree`` (default: the one holding this script),
+    "-dirty" when tracked files changed; "uncommitted" if none."""
+    tree = Path(__file__).resolve().parent if tree is None else tree
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=10)
+                             cwd=tree, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "uncommitted"
     commit = out.stdout.strip()
     if out.returncode != 0 or not commit:
         return "uncommitted"
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, cwd=Path(__file__).resolve().parent)
+                           capture_output=True, text=True, cwd=tree)
     return commit + ("-dirty" if dirty.stdout.strip() else "")
 
 

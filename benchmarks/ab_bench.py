@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _common import cpu_model
+from _common import cpu_model, git_commit
 
 
 SETUP = r'''
@@ -138,14 +138,6 @@ print(training_steps(model, lambda: pretraining_loss(model, batch).loss, 2, 6))
 }
 
 
-def commit_of(tree: Path) -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
-                         text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True,
-                           text=True).stdout.strip()
-    return out.stdout.strip() + ("+changes" if dirty else "")
-
-
 def run_once(tree: Path, workload: str, threads: int) -> float:
     """Seconds per step of ``workload`` in a fresh process importing bertforge from ``tree``."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(threads)}
@@ -188,8 +180,8 @@ def main() -> None:
     if args.out:
         result = {"benchmark": "ab_bench", "machine": cpu_model(),
                   "cpu_count": os.cpu_count(), "threads": args.threads, "rounds": args.rounds,
-                  "before": {"tree": str(trees["before"]), "commit": commit_of(trees["before"])},
-                  "after": {"tree": str(trees["after"]), "commit": commit_of(trees["after"])},
+                  "before": {"tree": str(trees["before"]), "commit": git_commit(trees["before"])},
+                  "after": {"tree": str(trees["after"]), "commit": git_commit(trees["after"])},
                   "times_s": times, "summary": summary}
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
