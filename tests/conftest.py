@@ -32,6 +32,11 @@ DEBUG_RECIPE = resolve_recipe("debug/tiny-cpu")
 # Keys of a metrics line that measure wall-clock speed, so differ between identical runs.
 TIMING_KEYS = ("seq_per_s", "tokens_per_s")
 
+# ``precision="auto"`` chooses by the CPU's units (bertforge.runtime.cpu): bf16 on a CPU with
+# AVX512-BF16 or AMX, fp32 on one without. The suite runs as on a CPU without them, so that
+# every test's numbers are the same on any machine; the tests of the choice set their own.
+os.environ["BERTFORGE_CPU_UNITS"] = "none"
+
 _TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                "intermediate_size": 64, "max_position_embeddings": 64}
 

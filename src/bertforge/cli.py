@@ -303,13 +303,19 @@ def _sort_extra(command: Command, extra: Sequence[str],
                 parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
     """The arguments argparse left: (``--key=value`` overrides, passed-through settings)."""
     keys = set(config_keys(command.config))
+    hints = typing.get_type_hints(command.config)
+    # A dotted key under a plain field (``--data.task_name`` beside evaluate's ``--data``) is
+    # not this config's: it is passed through too.
     top = {f.name for f in dataclasses.fields(command.config)}
+    sections = {f.name for f in dataclasses.fields(command.config)
+                if dataclasses.is_dataclass(_base(hints[f.name]))}
     overrides, passed, stray = [], [], []
     for item in extra:
         name, eq, _ = item[2:].partition("=")
+        head = name.split(".")[0]
         if not item.startswith("--"):
             stray.append(item)
-        elif command.passthrough and name.split(".")[0] not in top:
+        elif command.passthrough and (head not in top or "." in name and head not in sections):
             passed.append(item)
         elif eq:
             overrides.append(item)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, List, Optional, Union
 
 from bertforge.core import limits
-from bertforge.core.limits import (ATTENTION_BACKENDS, MIN_SEQUENCE_TOKENS, MIN_TARGET_TOKENS,
-                                   OPTIMIZERS, PRECISIONS, SCHEDULES, check_choice)
+from bertforge.core.limits import (ATTENTION_BACKENDS, INFERENCE_PRECISIONS, MIN_SEQUENCE_TOKENS,
+                                   MIN_TARGET_TOKENS, OPTIMIZERS, PRECISIONS, SCHEDULES,
+                                   check_choice)
 from bertforge.core.schema import (check_fields, describe, load_config, opt, refuse_blank_fields,
                                    run_defining_keys, save_config, to_dict)
 from bertforge.errors import ConfigError
@@ -215,6 +216,8 @@ class BenchmarkConfig:
 class RunConfig:
     """The settings every training command shares; each task adds its own ``data`` section."""
 
+    precisions: ClassVar[tuple[str, ...]] = PRECISIONS  # what ``precision`` may be
+
     model: str = opt("bert-base-uncased", "Preset name (bert-tiny ... bert-large-cased, bart-tiny, "
                      "bart-base, bart-large) or a config.json / model directory. vocab_size "
                      "follows the data's vocabulary.",
@@ -233,7 +236,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         refuse_blank_fields(self)
-        check_choice(self.precision, "precision", PRECISIONS, ConfigError)
+        check_choice(self.precision, "precision", self.precisions, ConfigError)
         backend = getattr(self.train, "attention_backend", None)
         if backend in limits.FUSED_ATTENTION_BACKENDS and self.precision == "fp32":
             raise ConfigError(f"train.attention_backend={backend} needs bf16 or fp16 activations "
@@ -470,6 +473,10 @@ class FinetuneConfig(RunConfig):
     """``bertforge finetune``. The sections of tasks with settings of their own (``embedding``)
     come from ``bertforge.tasks.settings`` and follow ``eval``."""
 
+    # Evaluation-only runs (no data.train) also take int8, and choose auto by the CPU's units
+    # and the quality guard (bertforge.tasks.eval_precision); training refuses int8 below.
+    precisions: ClassVar[tuple[str, ...]] = INFERENCE_PRECISIONS
+
     task: str = opt("classification", "The task, by its name or an alias (the task registry's; "
                     "`bertforge finetune --help` lists them).", run_defining=True)
     model: Optional[str] = opt(None, "Starting point: a Hugging Face BERT directory or a bertforge "
@@ -477,6 +484,12 @@ class FinetuneConfig(RunConfig):
                                run_defining=True)
     output_dir: str = opt("runs/finetune", "Where checkpoints, metrics, predictions, "
                           "eval_results.json and the final model go.")
+    precision: str = opt("auto", "Training: fp32, bf16, fp16 (dynamic loss scaling) or auto "
+                         "(bf16 where the device supports it, else fp32). Evaluation only (no "
+                         "data.train): also int8 (CPU: dynamically quantized linear layers), "
+                         "and auto on a CPU is the fastest of bf16 and int8 its units run whose "
+                         "outputs keep a cosine >= 0.999 to fp32's on the first evaluation "
+                         "batch, else fp32.", run_defining=True)
     train: FinetuneTrainConfig = opt(help="Steps and batch sizes.", factory=FinetuneTrainConfig)
     optim: FinetuneOptimConfig = opt(help="Optimizer and LR schedule.",
                                      factory=FinetuneOptimConfig, run_defining=True)
@@ -485,5 +498,9 @@ class FinetuneConfig(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.precision == "int8" and self.data.train:
+            raise ConfigError("precision=int8 is for evaluation-only runs (no data.train): "
+                              "int8 layers do not train; fine-tune with precision fp32, bf16, "
+                              "fp16 or auto, then evaluate the result with precision=int8")
         # The task name is checked against the task registry (which this module may not read)
         # by `bertforge finetune` before anything runs, and by tasks.registry.build_task.

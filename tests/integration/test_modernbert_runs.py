@@ -181,3 +181,18 @@ def test_two_ranks_train_as_one_process_with_accumulation(parallel, data, pretra
              child_env, tmp_path)
     assert_weights_close(out / "checkpoint-4", pretrained / "checkpoint-4")
     assert_lines_close(run_metrics(out), run_metrics(pretrained))
+
+
+@pytest.mark.parametrize("precision, least", [("bf16", 0.99), ("int8", 0.95)])
+def test_modernbert_embeds_in_bf16_and_int8(pretrained, precision, least) -> None:
+    """Both inference precisions run ModernBERT's layers (fused QKV, GLU feed-forward,
+    windowed attention) and keep its vectors near fp32's (a barely trained model: loose
+    bounds; docs/precision.md measures real ones)."""
+    texts = ["the library reads a file and returns its lines.", "a short text."]
+    model = pretrained / "checkpoint-4"
+    want = torch.tensor([r["embedding"] for r in load_pipeline(
+        model, "feature-extraction", precision="fp32")(texts)])
+    pipe = load_pipeline(model, "feature-extraction", precision=precision)
+    got = torch.tensor([r["embedding"] for r in pipe(texts)])
+    assert pipe.precision.name == precision
+    assert torch.nn.functional.cosine_similarity(got, want).min() > least

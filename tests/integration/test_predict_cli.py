@@ -179,3 +179,18 @@ def test_interactive_qa_in_a_real_process(models):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and all("score" in line and "characters" in line for line in lines)
+
+
+def test_file_predictions_run_in_the_asked_precision(models, capsys, monkeypatch, tmp_path,
+                                                     caplog):
+    """`predict --data` takes --precision as the other modes do: the run's saved fp32 is
+    replaced by the command's choice, which the run logs."""
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "context": CONTEXT}) + "\n"
+                            for i, q in enumerate(QUESTIONS)))
+    with caplog.at_level("INFO", "bertforge.precision"):
+        code, _, _ = predict(capsys, monkeypatch, "--model", str(models["qa"]), "--data",
+                             str(data), "--output", str(tmp_path / "p.json"), "--precision",
+                             "int8")
+    assert code == 0 and "precision int8 (int8: as asked" in caplog.text
+    assert sorted(json.loads((tmp_path / "p.json").read_text())) == ["q0", "q1", "q2"]

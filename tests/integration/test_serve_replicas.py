@@ -48,13 +48,19 @@ QA = "/v1/question-answering"
 # ------------------------------------------------------------------------------ the parts
 
 
-def test_plan_replicas() -> None:
+def test_plan_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bertforge.serve import replicas
+
+    monkeypatch.setattr(replicas, "core_ids", lambda: [0, 1, 2, 3])  # a core per CPU replica
     assert plan_replicas(None, "cpu") is None  # the default: the model in the server process
     assert plan_replicas(1, "auto") is None and plan_replicas("1", "cpu") is None
     assert plan_replicas("auto", "cpu") is None  # one replica on a CPU
     assert plan_replicas("2", "cpu") == ["cpu", "cpu"]
     assert plan_replicas(None, "cpu, cpu") == ["cpu", "cpu"]  # one per listed device
     assert plan_replicas(3, "cpu,cpu") == ["cpu"] * 3
+    with pytest.raises(ConfigError, match="5 CPU replicas need a core each, but this process may "
+                                          "use 4"):
+        plan_replicas(5, "cpu")
     if not torch.cuda.is_available():
         assert plan_replicas("auto", "auto") is None
         assert plan_replicas(2, "auto") == ["cpu", "cpu"]

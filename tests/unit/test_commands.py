@@ -154,6 +154,15 @@ OLD_FLAGS = [
         "what": "sentence-transformers", "pooling": None, "normalize": False}),
     ("export sentence-transformers --model m --output o --pooling cls --normalize", {
         "pooling": "cls", "normalize": True}),
+    ("bench inference --model m", {"what": "inference", "task": None, "precision": None,
+                                   "seq_length": 128, "batch_size": 32, "cores": None,
+                                   "replicas": [1], "seconds": 3.0, "iterations": None,
+                                   "warmup": 3, "output": None}),
+    ("bench inference --model m --task fill-mask --precision fp32,int8 --seq-length 64 "
+     "--batch-size 8 --cores 2 --replicas 1,2 --seconds 1.5 --iterations 4 --warmup 0 "
+     "--output r.json", {"task": "fill-mask", "precision": ["fp32", "int8"], "seq_length": 64,
+                         "batch_size": 8, "cores": 2, "replicas": [1, 2], "seconds": 1.5,
+                         "iterations": 4, "warmup": 0, "output": "r.json"}),
     ("plan", {"model": "bert-large-uncased", "max_seq_length": 128, "gpus": 8,
               "gpu_memory": 80.0, "global_batch_size": 65536, "precision": "bf16"}),
     ("plan --model bert-base-uncased --seq-len 512 --gpus 4 --gpu-memory 40 "
@@ -202,7 +211,7 @@ def test_choices_error_as_before(capsys) -> None:
         main(["evaluate", "bleu", "--predictions", "p"])
     assert stop.value.code == 2
     assert ("argument what: invalid choice: 'bleu' (choose from 'squad', 'summarization', "
-            "'retrieval', 'sts')"
+            "'finetuned', 'retrieval', 'sts')"
             in capsys.readouterr().err)
     with pytest.raises(SystemExit):
         main(["vocab", "--input", "a", "--output", "o", "--type", "sentencepiece"])

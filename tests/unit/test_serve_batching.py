@@ -417,8 +417,8 @@ def test_thread_choice_applies_a_count_only_when_it_changes_and_skips_failed_bat
     # and its count was applied, but its time was not recorded: the means are unchanged.
     assert applied[-1] == 1
     assert choice.preferred() == {"tokens 64-127, items 1": 1, "tokens 512-1023, items 1": 1}
-    assert choice._cost[(10, 1), 1] == choice._cost[(7, 1), 1] == 1.0 / 100
-    assert choice._cost[(10, 1), 2] == choice._cost[(7, 1), 2] == 1.0 / 100
+    assert choice._cost[(10, 1, 0), 1] == choice._cost[(7, 1, 0), 1] == 1.0 / 100
+    assert choice._cost[(10, 1, 0), 2] == choice._cost[(7, 1, 0), 2] == 1.0 / 100
 
 
 # ------------------------------------------------------------------------- real pipelines

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
+
+from bertforge.core.limits import INFERENCE_PRECISIONS
+from bertforge.core.schema import opt
 
 
 @dataclass(frozen=True)
@@ -50,4 +53,16 @@ def beside(output: str | Path) -> Path:
     return output.with_name(output.name + ".config.yaml")
 
 
-__all__ = ["Command", "beside"]
+
+
+def precision_option(scope: str = "") -> Any:
+    """The ``--precision`` of the commands that run a model for inference
+    (``bertforge.runtime.guard``); ``scope`` says where it applies (``"torch backend: "``)."""
+    return opt("auto", f"{scope}auto: on a CPU the fastest of bf16 (AMX, AVX512-BF16) and int8 "
+               "(VNNI) whose outputs keep a cosine >= 0.999 to fp32's on a probe, else fp32 "
+               "(logged with the reason); on a GPU bf16 where supported. Or fp32, bf16, int8 "
+               "(CPU: dynamically quantized linear layers) or fp16.",
+               choices=INFERENCE_PRECISIONS)
+
+
+__all__ = ["Command", "beside", "precision_option"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from bertforge.commands.base import Command, beside
+from bertforge.commands.base import Command, beside, precision_option
 from bertforge.config import GenerationOptions
 from bertforge.core.limits import MIN_SEQUENCE_TOKENS
 from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
@@ -27,6 +27,7 @@ class GenerateConfig(GenerationOptions):
     device: str = opt("auto", "auto (cuda if available), cpu, cuda, cuda:1...")
     max_source_length: Optional[int] = opt(None, "Input tokens kept per text (default: the "
                                            "model's positions).", minimum=MIN_SEQUENCE_TOKENS)
+    precision: str = precision_option()
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -42,7 +43,7 @@ def run_generate(cfg: GenerateConfig) -> int:
         out = generate_file(Path(cfg.model), Path(cfg.input), Path(cfg.output),
                             overrides=cfg.generation_overrides(), batch_size=cfg.batch_size,
                             device=cfg.device, text_field=cfg.text_field,
-                            max_source_length=cfg.max_source_length)
+                            max_source_length=cfg.max_source_length, precision=cfg.precision)
         save_config(cfg, beside(out))
     print(f"wrote {out}")
     return 0

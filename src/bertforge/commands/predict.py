@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from bertforge.commands.base import Command, beside
+from bertforge.commands.base import Command, beside, precision_option
 from bertforge.config import GenerationOptions
 from bertforge.core.limits import MIN_SEQUENCE_TOKENS, POOLINGS
 from bertforge.core.schema import REQUIRED, check_fields, closest_key, flag, opt, save_config
@@ -39,15 +39,16 @@ class PredictConfig(GenerationOptions):
                                     "it texts are read from stdin, one a line.", repeat=True)
     json: bool = opt(False, "Print one JSON object per input (JSON Lines) instead of text lines.")
     device: str = opt("auto", "auto (cuda if available), cpu, cuda, cuda:1...")
-    precision: str = opt("auto", "auto: bf16 autocast on GPUs that support it, else fp32.",
-                         choices=("auto", "fp32", "bf16", "fp16"))
+    precision: str = precision_option()
     max_seq_length: Optional[int] = opt(None, "Tokens per input (default: the run's "
                                         "data.max_seq_length for qa, else the model's "
                                         "positions).", minimum=MIN_SEQUENCE_TOKENS)
-    truncation: Optional[str] = opt(None, "An input over --max-seq-length: an error, or cut (and "
-                                    "marked). Default: truncate for summarize, error otherwise; "
-                                    "qa splits long passages into windows instead.",
-                                    choices=("error", "truncate"))
+    truncation: Optional[str] = opt(None, "An input over --max-seq-length: an error, cut (and "
+                                    "marked), or (classify, embed) chunk: split into "
+                                    "overlapping windows whose results are averaged. Default: "
+                                    "truncate for summarize, error otherwise; qa splits long "
+                                    "passages into windows itself.",
+                                    choices=("error", "truncate", "chunk"))
     doc_stride: Optional[int] = opt(None, "qa: tokens between window starts (default: the run's, "
                                     "else 128).", minimum=1)
     max_query_length: Optional[int] = opt(None, "qa: questions are cut to this many tokens "
@@ -96,7 +97,8 @@ def run_predict(cfg: PredictConfig) -> int:
         # as for a run's directory (the predictions and their config.yaml both).
         with output_lock(Path(cfg.output), "--output", "bertforge predict", beside=True):
             out = predict_file(Path(cfg.model), Path(cfg.data), Path(cfg.output),
-                               cfg.finetune_overrides, values={"eval": cfg.generation_overrides()})
+                               cfg.finetune_overrides, values={"eval": cfg.generation_overrides(),
+                                                               "precision": cfg.precision})
             save_config(cfg, beside(out))
         print(f"wrote predictions to {out}")
         return 0

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from bertforge.commands.base import Command
+from bertforge.commands.base import Command, precision_option
 from bertforge.core.limits import POOLINGS
 from bertforge.errors import ConfigError
 from bertforge.core.schema import REQUIRED, check_fields, opt, save_config
@@ -32,10 +32,7 @@ class ServeConfig:
                               "model's config.json); --help lists them.")
     backend: str = opt("torch", "torch, or onnxruntime on model.onnx / model.int8.onnx of an "
                        "export.", choices=("torch", "onnx", "onnx-int8"))
-    precision: str = opt("auto", "torch backend: auto (bf16 autocast on GPUs that support it, "
-                         "else fp32), fp32, bf16 (also on CPUs with bf16 matrix units, e.g. Intel "
-                         "AMX: about 2x the fp32 throughput) or fp16.",
-                         choices=("auto", "fp32", "bf16", "fp16"))
+    precision: str = precision_option("torch backend: ")
     api_key: Optional[str] = opt(None, "Require `Authorization: Bearer KEY` (or X-API-Key) on "
                                  "/v1/* and /metrics (default: env BERTFORGE_API_KEY, else "
                                  "open).")
@@ -88,9 +85,12 @@ class ServeConfig:
                                 "1, 2, 4... s) before it is left down.", minimum=0)
     expose_paths: bool = opt(_LIMITS.expose_paths, "Show the model directory's path in /info and "
                              "/health (open without the API key); by default only its name.")
-    truncation: Optional[str] = opt(None, "Inputs over the model's length: 422 (error) or cut "
-                                    "and flagged (truncate); default: the task's (error; QA "
-                                    "windows, summaries cut).", choices=("error", "truncate"))
+    truncation: Optional[str] = opt(None, "Inputs over the model's length: 422 (error), cut "
+                                    "and flagged (truncate), or, for embeddings and "
+                                    "classification, split into overlapping windows whose "
+                                    "results are averaged (chunk; a request's \"truncate\": "
+                                    "true still cuts); default: the task's (error; QA windows, "
+                                    "summaries cut).", choices=("error", "truncate", "chunk"))
     device: str = opt("auto", "auto (CUDA if available), cpu, cuda, cuda:N, or a comma list "
                       "(cuda:0,cuda:1: one replica on each).")
     replicas: Optional[str] = opt(None, "Model copies in worker processes behind one port and "

@@ -29,6 +29,8 @@ FUSED_ATTENTION_BACKENDS = ("flash", "torch-flash")
 SCHEDULES = ("poly", "linear", "constant", "wsd")  # bertforge.optim.build
 DECAY_SHAPES = ("linear", "1-sqrt")  # the decay phase of "wsd"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "int8", "fp16")
+"""Inference adds int8: linear layers dynamically quantized (``bertforge.ops.linear``), CPU only."""
 INPUT_FORMATS = ("auto", "sentences", "paragraphs", "jsonl", "wiki")  # bertforge.data.corpus
 OBJECTIVES = ("nsp", "sop", "none", "denoise")  # bertforge.data.instances
 MIN_SEQUENCE_TOKENS = 4
@@ -144,7 +146,8 @@ def length_within(value: int | None, name: str, default: int, positions: int,
 
 
 __all__ = ["ATTENTION_BACKENDS", "BETA", "DECAY", "DECAY_SHAPES", "DIST_TIMEOUT_S", "EPS",
-           "FRACTION", "FUSED_ATTENTION_BACKENDS", "LEARNING_RATE", "MASKED_LM_PROB",
-           "MAX_GRAD_NORM", "MIN_LR_RATIO", "MIN_SEQUENCE_TOKENS", "MIN_TARGET_TOKENS",
-           "OPTIMIZERS", "POWER", "PRECISIONS", "Range", "SCHEDULES", "WARMUP", "WEIGHT_DECAY",
+           "FRACTION", "FUSED_ATTENTION_BACKENDS", "INFERENCE_PRECISIONS", "LEARNING_RATE",
+           "MASKED_LM_PROB", "MAX_GRAD_NORM", "MIN_LR_RATIO", "MIN_SEQUENCE_TOKENS",
+           "MIN_TARGET_TOKENS", "OPTIMIZERS", "POWER", "PRECISIONS", "Range", "SCHEDULES",
+           "WARMUP", "WEIGHT_DECAY",
            "check_choice", "check_phases", "length_within", "setting_changed"]

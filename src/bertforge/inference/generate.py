@@ -21,17 +21,20 @@ from bertforge.models.generation.texts import generate_texts, settings_for
 
 def generate_file(model_dir: Path, input_path: Path, output: Path, *,
                   overrides: dict[str, Any], batch_size: int = 8, device: str = "auto",
-                  text_field: str | None = None, max_source_length: int | None = None) -> Path:
+                  text_field: str | None = None, max_source_length: int | None = None,
+                  precision: str = "auto") -> Path:
     """``bertforge generate``: summaries (or any outputs) of the texts in ``input_path`` written
     atomically as JSON Lines ``{"id", "summary"}`` to ``output``.
 
     ``input_path``: JSON Lines / CSV / TSV with a text column (detected, or ``text_field``), a
     CNN/DailyMail story directory, or a plain .txt file with one text per line.
+    ``precision``: auto, fp32, bf16, int8 or fp16 (``bertforge.runtime.guard``: ``auto`` is
+    held to the guard on the first texts of the input).
     """
     from bertforge.core.io import write_text_atomic
     from bertforge.models.loading import load_model, model_directory
     from bertforge.runtime.device import resolve_device
-    from bertforge.runtime.precision import build_precision
+    from bertforge.runtime.guard import choose_precision, sequence_probe
     from bertforge.tokenization import load_tokenizer
 
     model_dir = model_directory(model_dir)  # a Hub name: its snapshot
@@ -44,9 +47,11 @@ def generate_file(model_dir: Path, input_path: Path, output: Path, *,
     target = resolve_device(device)
     model = load_model(source, "seq2seq-lm", device=target)  # verified: every weight, finite
     sources = [np.asarray(s, dtype=np.int64) for s in tokenizer.encode_truncated(texts, limit)]
-    precision = build_precision("auto", target)
+    probe = sequence_probe(sources, tokenizer.pad_id, target)
+    _, numerics = choose_precision(model, target, precision, probe, seq2seq=True,
+                                   where=str(model_dir))
     summaries = generate_texts(model, tokenizer, sources, config, batch_size=batch_size,
-                               device=target, autocast=precision.autocast, progress=True)
+                               device=target, autocast=numerics.autocast, progress=True)
     rows = [json.dumps({"id": i, "summary": s}, ensure_ascii=False) for i, s in zip(ids, summaries)]
     write_text_atomic(output, "".join(r + "\n" for r in rows))
     return output

@@ -87,6 +87,10 @@ class BartAttention(nn.Module):
     def _fused(self, x: torch.Tensor, *projections: nn.Linear) -> torch.Tensor:
         """(T, D) through ``projections`` in one matmul -> (T, len(projections), heads,
         head_dim)."""
+        if not all(isinstance(p, nn.Linear) for p in projections):
+            # int8 layers (ops.linear.Int8Linear) hold packed weights: one call each
+            return torch.stack([p(x) for p in projections], dim=-2).unflatten(
+                -1, (self.num_heads, self.head_dim))
         weight = torch.cat([p.weight for p in projections])
         bias = torch.cat([p.bias for p in projections])
         return F.linear(x, weight, bias).unflatten(-1, (len(projections), self.num_heads,

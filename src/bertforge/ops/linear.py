@@ -24,6 +24,7 @@ dict are ``nn.Linear``'s.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -106,4 +107,62 @@ def cast_linears(model: nn.Module, dtype: torch.dtype) -> None:
                 param.data = param.data.to(dtype)
 
 
-__all__ = ["ACTIVATIONS", "Linear", "cast_linears"]
+class Int8Linear(nn.Module):
+    """A linear layer of an int8 inference model: weights quantized once, per output channel
+    (symmetric, scale = the row's largest magnitude / 127), inputs quantized per call from their
+    own range (dynamic quantization), the product in int8 with int32 sums, on VNNI or AMX units
+    where the CPU has them (PyTorch's quantized linear operator: fbgemm or oneDNN). The output
+    and everything around it (attention, softmax, LayerNorm, residuals) stay fp32. Inference
+    only: it has no gradient and no state dict of its own (the model it came from has).
+
+    ``reduce_range``: quantize the inputs to 7 bits, for CPUs without VNNI, whose 8-bit
+    multiply-add (AVX2's ``vpmaddubsw``) saturates its 16-bit sums at the full range."""
+
+    def __init__(self, linear: nn.Linear, reduce_range: bool = False) -> None:
+        super().__init__()
+        self.reduce_range = reduce_range
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+        zero = torch.zeros(weight.shape[0], dtype=torch.long)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        with warnings.catch_warnings():
+            # PyTorch marks its quantized tensor types deprecated in favour of torchao; the
+            # operators they feed are still PyTorch's int8 CPU path (docs/decisions.md)
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8)
+            self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+
+    def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+        """(..., in_features) -> (..., out_features) fp32, then ``activation``."""
+        shape = x.shape
+        out = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(),
+                                                 self._packed, self.reduce_range)
+        out = out.reshape(*shape[:-1], self.out_features)
+        return out if activation is None else ACTIVATIONS[activation][0](out)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def quantize_linears(model: nn.Module, reduce_range: bool = False
+                     ) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """Replace ``model``'s linear layers by :class:`Int8Linear` in place, for a model that
+    only ever runs inference; returns the swaps made, (parent, attribute, the fp32 layer), which
+    ``setattr`` undoes. A layer whose weight another module shares
+    (a decoder tied to the word embeddings) keeps its fp32 weights, as in
+    :func:`cast_linears`: the embedding lookup reads them too. ``reduce_range``: as
+    :class:`Int8Linear`'s."""
+    uses: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            uses[id(param)] = uses.get(id(param), 0) + 1
+    swaps = [(parent, name, child) for parent in model.modules()
+             for name, child in parent.named_children()
+             if isinstance(child, nn.Linear) and uses[id(child.weight)] == 1]
+    for parent, name, child in swaps:
+        setattr(parent, name, Int8Linear(child, reduce_range))
+    return swaps
+
+
+__all__ = ["ACTIVATIONS", "Int8Linear", "Linear", "cast_linears", "quantize_linears"]

@@ -16,7 +16,7 @@ from typing import ContextManager, Iterator
 
 import torch
 
-from bertforge.core.limits import PRECISIONS
+from bertforge.core.limits import INFERENCE_PRECISIONS
 
 
 @contextmanager
@@ -33,7 +33,7 @@ def float32_matmul(mode: str) -> Iterator[None]:
 
 @dataclass
 class Precision:
-    name: str                       # "fp32" | "bf16" | "fp16"
+    name: str                       # "fp32" | "bf16" | "fp16" | "int8" (inference: fp32 autocast)
     device: torch.device
     scaler: torch.amp.GradScaler | None
 
@@ -73,8 +73,8 @@ def resolve(name: str, device: torch.device) -> str:
 def build_precision(name: str, device: torch.device, init_scale: float = 2.0**16) -> Precision:
     """fp16 gets dynamic loss scaling (halve on overflow and skip the step, grow every 2000 steps).
     Changes no global state: the returned object's scopes do, for their body only."""
-    if name not in PRECISIONS:
-        raise ValueError(f"precision {name!r} is not one of {', '.join(PRECISIONS)}")
+    if name not in INFERENCE_PRECISIONS:
+        raise ValueError(f"precision {name!r} is not one of {', '.join(INFERENCE_PRECISIONS)}")
     name = resolve(name, device)
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale) if name == "fp16" else None
     return Precision(name=name, device=device, scaler=scaler)

@@ -104,8 +104,10 @@ def create_app(pipeline: Pipeline, settings: ServeSettings, *,
     # that has its own tokenizer (a wrapper the server cannot copy parses between batches).
     parsers = {path: p.parsing_copy() if isinstance(p, Pipeline) else p
                for path, p in served.items()}
-    runners = {path: BatchRunner(p, thread_counts) for path, p in served.items()}
     admission = Admission(settings.queue_limit)
+    # What the server holds besides a batch is its load, which thread choices group by.
+    runners = {path: BatchRunner(p, thread_counts, held=lambda: admission.admitted)
+               for path, p in served.items()}
     metrics.add_admission(admission)
     batchers = _batchers(served, parsers, runners, settings, metrics, admission,
                          replicas.size if replicas else 1)

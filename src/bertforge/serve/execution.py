@@ -9,8 +9,10 @@ shared cores: docs/serving.md). :func:`model_threads` therefore leaves one core 
 otherwise. That core is idle while a long batch computes, though: paragraphs on 2 quiet cores
 were served 1.3x to 1.5x faster with both (docs/serving.md). With automatic threads,
 :class:`ThreadChoice` therefore measures, per batch size, whether every core or every core but
-one runs faster, and keeps measuring, since the answer changes with the machine's load.
-Replicas split the cores among themselves instead (:mod:`bertforge.serve.replicas`).
+one runs faster, and keeps measuring, since the answer changes with the machine's load and
+with the server's own (the requests waiting while a batch runs: a server that runs one request
+at a time sees its load there alone). Replicas split the cores among themselves instead, each
+pinned to its own (``runtime.cpu.split_cores``, ``pin_process``; :mod:`bertforge.serve.replicas`).
 
 **Unpadded batches.** The PyTorch pipelines run their encoders on the real tokens of a batch
 (``unpad``, set when they load): a batch of questions and paragraphs of 40 to 380 tokens then
@@ -34,6 +36,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from bertforge.core.numbers import ascii_int
+from bertforge.runtime.cpu import core_ids
 
 CPU_CALL_TOKENS = 16
 """The fixed cost of one padded model call on a CPU, in tokens of its forward pass: MiniLM-L6
@@ -44,10 +47,7 @@ before its first; rounded up, since a bigger value only lets a batch pad a littl
 
 def cores() -> int:
     """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return len(core_ids())
 
 
 def _fixed_threads(requested: int) -> int | None:
@@ -93,8 +93,12 @@ class ThreadChoice:
     short for one more thread to pay, a paragraph's is compute-bound and scales; a batch of many
     small requests comes with HTTP and tokenization work that the free core does; and with
     another job on a core, every parallel region waits for the displaced thread. Batches are
-    therefore grouped by their real tokens and their items, each in powers of two, and each
-    group keeps a mean of seconds per token for each count. The first group runs
+    therefore grouped by their real tokens, their items and the request items waiting besides
+    them (the load: what the server parses and answers while the batch runs), each in powers
+    of two, and each group keeps a mean of seconds per token for each count. A batching server
+    shows its load mostly in its batches' items; one that runs a request at a time
+    (``--max-batch-items 1``) shows it only in what waits, so without that its quiet and busy
+    spells would share one mean and each count be judged by the other's conditions. The first group runs
     :attr:`MEASURE` batches with each count, alternating; every other group starts from the
     means of the nearest group that has them (its neighbours by size scale alike), so that
     measuring half its first batches with the slower count is paid once, not per size. A
@@ -124,17 +128,20 @@ class ThreadChoice:
         self._cost: dict[tuple, float] = {}  # (group, count) -> mean seconds per token
         self._last: dict[tuple, float] = {}  # (group, count) -> when it last ran (clock)
         self._quiet_until = -float("inf")  # no probe before (the last probe's quiet time)
-        self._due: list[tuple[int, int]] = []  # groups due for a probe, in the order they got due
+        self._due: list[tuple] = []  # groups due for a probe, in the order they got due
         self._seen: dict[tuple, tuple[float, float]] = {}  # group -> (its last pick, its wait)
 
     @staticmethod
-    def group(tokens: int, items: int = 1) -> tuple[int, int]:
-        """The group of a batch: (g, h) with 2^(g-1) <= tokens < 2^g, 2^(h-1) <= items < 2^h."""
-        return max(1, tokens).bit_length(), max(1, items).bit_length()
+    def group(tokens: int, items: int = 1, waiting: int = 0) -> tuple[int, int, int]:
+        """The group of a batch: (g, h, w) with 2^(g-1) <= tokens < 2^g, 2^(h-1) <= items < 2^h
+        and 2^(w-1) <= waiting < 2^w (w 0: nothing waiting)."""
+        return (max(1, tokens).bit_length(), max(1, items).bit_length(),
+                max(0, waiting).bit_length())
 
-    def pick(self, tokens: int, items: int = 1) -> int:
-        """The count the next batch of ``tokens`` in ``items`` runs with."""
-        g = self.group(tokens, items)
+    def pick(self, tokens: int, items: int = 1, waiting: int = 0) -> int:
+        """The count the next batch of ``tokens`` in ``items`` runs with, ``waiting`` request
+        items held by the server besides it."""
+        g = self.group(tokens, items, waiting)
         runs = {c: self._runs.get((g, c), 0) for c in self.counts}
         if min(runs.values()) < self.MEASURE and self._start_from_neighbour(g):
             runs = dict.fromkeys(self.counts, self.MEASURE)
@@ -151,7 +158,7 @@ class ThreadChoice:
             return best
         return other if self._probe_turn(g, now) else best
 
-    def _probe_turn(self, g: tuple[int, int], now: float) -> bool:
+    def _probe_turn(self, g: tuple[int, int, int], now: float) -> bool:
         """Whether group ``g``, due for a probe, probes now: groups take turns in the order they
         became due (a group that has not run a batch for its own wait leaves the line), once
         the last probe's quiet time is over."""
@@ -168,21 +175,21 @@ class ThreadChoice:
         return True
 
     def _settled(self, cost: dict[tuple, float], runs: dict[tuple, int]
-                 ) -> list[tuple[int, int]]:
+                 ) -> list[tuple[int, int, int]]:
         """The groups measured with every count in ``cost`` and ``runs`` (the means and
         counts, or copies of them), in order."""
         return sorted({g for g, _ in cost
                        if all(runs.get((g, c), 0) >= self.MEASURE for c in self.counts)})
 
-    def _start_from_neighbour(self, g: tuple[int, int]) -> bool:
+    def _start_from_neighbour(self, g: tuple[int, int, int]) -> bool:
         """Give group ``g``, not measured with every count yet, the means of the nearest group
-        that is (fewest powers of two apart in tokens plus items; on a tie, the nearer in
-        tokens, then the smaller), as if it had measured them now, dropping its own first
-        measurements; False when no group is measured yet (``g`` then measures)."""
+        that is (fewest powers of two apart in tokens, items and waiting together; on a tie,
+        the nearer in tokens, then the smaller), as if it had measured them now, dropping its
+        own first measurements; False when no group is measured yet (``g`` then measures)."""
         settled = self._settled(self._cost, self._runs)
         if not settled:
             return False
-        near = min(settled, key=lambda h: (abs(h[0] - g[0]) + abs(h[1] - g[1]),
+        near = min(settled, key=lambda h: (sum(abs(a - b) for a, b in zip(h, g)),
                                            abs(h[0] - g[0]), h))
         now = self._clock()
         for c in self.counts:
@@ -191,12 +198,14 @@ class ThreadChoice:
             self._last[g, c] = now
         return True
 
-    def record(self, tokens: int, count: int, seconds: float, items: int = 1) -> None:
-        """A batch of ``tokens`` in ``items`` took ``seconds`` with ``count`` threads."""
+    def record(self, tokens: int, count: int, seconds: float, items: int = 1,
+               waiting: int = 0) -> None:
+        """A batch of ``tokens`` in ``items`` (``waiting`` held besides it) took ``seconds``
+        with ``count`` threads."""
         if count not in self._started:  # it paid for starting the threads
             self._started.add(count)
             return
-        g = self.group(tokens, items)
+        g = self.group(tokens, items, waiting)
         per_token, old = seconds / max(1, tokens), self._cost.get((g, count))
         runs = self._runs[g, count] = self._runs.get((g, count), 0) + 1
         self._last[g, count] = self._clock()
@@ -209,10 +218,10 @@ class ThreadChoice:
         else:
             self._cost[g, count] = old + self.SMOOTHING * (per_token - old)
 
-    def run(self, tokens: int, items: int, call: Callable[[], Any]) -> Any:
-        """``call()`` with the threads picked for ``tokens`` in ``items``; its time recorded
-        unless it raised."""
-        count = self.pick(tokens, items)
+    def run(self, tokens: int, items: int, call: Callable[[], Any], waiting: int = 0) -> Any:
+        """``call()`` with the threads picked for ``tokens`` in ``items`` with ``waiting``
+        request items held besides them; its time recorded unless it raised."""
+        count = self.pick(tokens, items, waiting)
         if count != self._current:
             if self._set_threads is None:
                 import torch
@@ -222,16 +231,17 @@ class ThreadChoice:
             self._current = count
         started = self._clock()
         result = call()
-        self.record(tokens, count, self._clock() - started, items)
+        self.record(tokens, count, self._clock() - started, items, waiting)
         return result
 
     def preferred(self) -> dict[str, int]:
         """The count each group with means (measured, or started from a neighbour's) prefers
-        now (for /health), keyed by the group's ranges: ``"tokens 128-255, items 1"``."""
+        now (for /health), keyed by the group's ranges: ``"tokens 128-255, items 1"``, with
+        ``", waiting 8-15"`` where request items were waiting."""
         cost, runs = dict(self._cost), dict(self._runs)  # copies: the model thread adds entries
-        return {f"tokens {_span(g[0])}, items {_span(g[1])}": min(self.counts,
-                                                                   key=lambda c: cost[g, c])
-                for g in self._settled(cost, runs)}
+        return {f"tokens {_span(g[0])}, items {_span(g[1])}"
+                + (f", waiting {_span(g[2])}" if g[2] else ""):
+                min(self.counts, key=lambda c: cost[g, c]) for g in self._settled(cost, runs)}
 
 
 def _span(bits: int) -> str:
@@ -253,10 +263,14 @@ class BatchRunner:
 
     ``thread_counts`` (:func:`thread_counts`): each batch's torch threads are then picked
     between them by a :class:`ThreadChoice`, where that can work: a PyTorch model on a CPU
-    (onnxruntime fixes its threads when a session opens)."""
+    (onnxruntime fixes its threads when a session opens). ``held``: the request items the
+    server holds (admitted, not answered), read as each batch starts; those beyond the batch's
+    own are its load (``waiting``). None: no load is seen (every batch waits on nothing)."""
 
-    def __init__(self, pipeline: Any, thread_counts: tuple[int, int] | None = None) -> None:
+    def __init__(self, pipeline: Any, thread_counts: tuple[int, int] | None = None,
+                 held: Callable[[], int] | None = None) -> None:
         self.pipeline = pipeline
+        self._held = held
         model = getattr(pipeline, "model", None)
         modules = list(model.modules()) if callable(getattr(model, "modules", None)) else []
         self._unpadded = [m for m in modules if getattr(m, "unpad", False) is True]
@@ -294,8 +308,9 @@ class BatchRunner:
         if self.threads is None:
             return self.pipeline(requests)
         tokens = sum(self.pipeline.cost(r) for r in requests)
-        return self.threads.run(tokens, len(requests), lambda: self.pipeline(requests))
+        waiting = max(0, self._held() - len(requests)) if self._held is not None else 0
+        return self.threads.run(tokens, len(requests), lambda: self.pipeline(requests), waiting)
 
 
-__all__ = ["BatchRunner", "CPU_CALL_TOKENS", "ThreadChoice", "cores", "model_threads",
+__all__ = ["CPU_CALL_TOKENS", "BatchRunner", "ThreadChoice", "cores", "model_threads",
            "set_model_threads", "thread_counts"]

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 from bertforge.core.signals import starting_workers
 from bertforge.errors import UserError
 from bertforge.serve.batching import BatchLost
-from bertforge.serve.execution import cores as _cores
+from bertforge.runtime.cpu import core_ids, listed_cores, split_cores
 from bertforge.serve.limits import SHUTTING_DOWN
 from bertforge.serve.replica_worker import ReplicaSpec, replica_main
 
@@ -81,8 +81,10 @@ class _Replica:
     """The main process's handle on one replica, with its counts for /health and /metrics. Its
     process and pipe change when it is restarted; the counts are the replica's, over all."""
 
-    def __init__(self, index: int, device: str) -> None:
+    def __init__(self, index: int, device: str, cores: list[int] | None = None,
+                 threads: int | None = None) -> None:
         self.index, self.device = index, device
+        self.cores, self.threads = cores, threads  # CPU replicas: pinned to, intra-op threads
         self.process: Any = None
         self.conn: Connection | None = None
         # starting -> idle <-> busy; once its process ended: restarting (waiting out its
@@ -101,7 +103,8 @@ class _Replica:
         self.why: str | None = None  # why its process ended, where the pool knows better
 
     def row(self) -> dict[str, Any]:
-        return {"replica": self.index, "device": self.device,
+        return {"replica": self.index, "device": self.device, "cores": self.cores,
+                "threads": self.threads,
                 "pid": self.process.pid if self.process is not None else None,
                 "state": self.state, "exit_code": self.exit_code, "failure": self.failure,
                 "batches": self.batches, "items": self.items,
@@ -109,19 +112,50 @@ class _Replica:
                 "timeouts": self.timeouts, "restarts": self.restarts}
 
 
+def _plan_cores(devices: Sequence[str], threads: int) -> list[_Replica]:
+    """One handle per replica, the CPU ones with their share of this process's cores and
+    their threads (``threads``, else one per core of their share); said once in the log,
+    with what cannot be done here (pinning off Linux, more threads than cores)."""
+    on_cpu = [i for i, device in enumerate(devices) if device == "cpu"]
+    shares = dict(zip(on_cpu, split_cores(core_ids(), len(on_cpu)))) if on_cpu else {}
+    pinned = hasattr(os, "sched_setaffinity")
+    replicas = [_Replica(i, device, shares[i] if pinned else None,
+                         threads or len(shares[i])) if i in shares else _Replica(i, device)
+                for i, device in enumerate(devices)]
+    if len(on_cpu) > 1 and pinned:
+        log.info("%d CPU replicas, each pinned to cores of its own: %s", len(on_cpu),
+                 "; ".join(f"replica {r.index} {listed_cores(r.cores)}, {r.threads} "
+                           f"thread{'s' if r.threads != 1 else ''}"
+                           for r in replicas if r.cores is not None))
+    elif len(on_cpu) > 1:
+        log.warning("this platform cannot pin a process to cores (os.sched_setaffinity is "
+                    "Linux only): the %d CPU replicas are not pinned and share every core "
+                    "(threads: %s)", len(on_cpu),
+                    ", ".join(str(replicas[i].threads) for i in on_cpu))
+    crowded = [i for i in on_cpu if threads > len(shares[i])]
+    if crowded and len(on_cpu) > 1:
+        log.warning("--model-threads %d is more than the %d core(s) of replica %d: its threads "
+                    "take turns on them; leave it at 0 for one thread per core", threads,
+                    len(shares[crowded[0]]), crowded[0])
+    return replicas
+
+
 class ReplicaPool:
     """Replica processes of one model; :meth:`run` sends a batch to the free one that has waited
     longest, so the work spreads over all of them even under light load (thread-safe: the
     batcher calls it from one thread per replica). ``timeout``: seconds per batch (0:
     automatic); ``restarts``: how often each replica may be restarted; ``backoff``: the first
-    restart's delay."""
+    restart's delay; ``threads``: each CPU replica's intra-op threads (``--model-threads``;
+    0: as many as it has cores). CPU replicas split this process's cores
+    (:func:`~bertforge.runtime.cpu.split_cores`; a ConfigError when there are fewer cores
+    than CPU replicas) and each pins itself to its own; GPU replicas are not pinned."""
 
     def __init__(self, spec: ReplicaSpec, devices: Sequence[str], *, timeout: float = 0.0,
-                 restarts: int = 5, backoff: float = BACKOFF_S) -> None:
+                 restarts: int = 5, backoff: float = BACKOFF_S, threads: int = 0) -> None:
         self.spec, self.devices = spec, list(devices)
         self.timeout, self.max_restarts, self.backoff = timeout, restarts, backoff
         self.descriptions: dict[str, dict] = {}  # describe() of replica 0's pipelines
-        self._replicas = [_Replica(i, device) for i, device in enumerate(self.devices)]
+        self._replicas = _plan_cores(self.devices, threads)
         self._changed = threading.Condition()
         self._closed = False
         self._turns = 0
@@ -130,8 +164,6 @@ class ReplicaPool:
         os.set_blocking(self._wake_w, False)
         self._watcher: threading.Thread | None = None
         self._context = multiprocessing.get_context("spawn")
-        on_cpu = sum(device == "cpu" for device in self.devices)
-        self._threads = max(1, _cores() // on_cpu) if on_cpu else None
 
     @property
     def size(self) -> int:
@@ -163,8 +195,7 @@ class ReplicaPool:
         mine, theirs = self._context.Pipe()
         process = self._context.Process(
             target=replica_main, name=f"bertforge-replica-{replica.index}", daemon=True,
-            args=(self.spec, replica.device, self._threads if replica.device == "cpu" else None,
-                  theirs, os.getpid()))
+            args=(self.spec, replica.device, replica.cores, replica.threads, theirs, os.getpid()))
         with starting_workers():  # a group signal while it starts must not kill it
             process.start()
         theirs.close()

@@ -111,24 +111,39 @@ def _answer(conn: Connection, pipelines: dict[str, Any]) -> None:
             return
 
 
-def replica_main(spec: ReplicaSpec, device: str, threads: int | None, conn: Connection,
-                 parent_pid: int) -> None:
-    """A replica process: load the pipelines, say ready (with their descriptions), answer."""
+def take_cores(cores: list[int] | None, threads: int | None) -> None:
+    """A CPU replica's start: pin this process to ``cores`` (its share; None: not pinned) and
+    run ``threads`` intra-op threads (torch's; ``OMP_NUM_THREADS`` for every OpenMP library
+    loaded later), before any pool of threads exists, so that the pools start on those cores.
+    Tokenizers' threads stay off: the server process tokenizes."""
+    if cores is not None:
+        from bertforge.runtime.cpu import pin_process
+
+        pin_process(cores)
+    if threads is None:
+        return
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def replica_main(spec: ReplicaSpec, device: str, cores: list[int] | None, threads: int | None,
+                 conn: Connection, parent_pid: int) -> None:
+    """A replica process: take its cores (CPU replicas), load the pipelines, say ready (with
+    their descriptions), answer."""
     ignore_stop_signals()  # the server process decides when replicas stop
     _exit_with_parent(parent_pid)
-    if threads is not None:  # CPU replicas share the cores instead of each taking all of them
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        take_cores(cores, threads)
         import torch
 
-        if threads is not None:
-            torch.set_num_threads(threads)
         if device.startswith("cuda:"):  # no stray context (and memory) on GPU 0 from any replica
             torch.cuda.set_device(torch.device(device))
         pipeline, extractor = load_pipelines(Path(spec.model_dir), spec.task, spec.backend,
                                              device, spec.truncation, spec.embeddings,
-                                             precision=spec.precision)
+                                             threads, precision=spec.precision)
     except Exception as exc:
         first = (str(exc).splitlines() or [""])[0]
         conn.send(("failed", first if isinstance(exc, UserError) else
@@ -141,4 +156,4 @@ def replica_main(spec: ReplicaSpec, device: str, threads: int | None, conn: Conn
     _answer(conn, {kind: BatchRunner(p) for kind, p in pipelines.items() if p is not None})
 
 
-__all__ = ["ReplicaSpec", "load_pipelines", "replica_main"]
+__all__ = ["ReplicaSpec", "load_pipelines", "replica_main", "take_cores"]

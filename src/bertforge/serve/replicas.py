@@ -1,9 +1,10 @@
 """Replicas: one server, several copies of the model, one queue.
 
 ``bertforge serve --replicas N`` (or ``--device cuda:0,cuda:1``) starts one worker process per
-model copy, each loading its own pipeline (on its own GPU, or on a share of the CPU cores), behind
-the single port and the single dynamic batcher of the main process. The main process still
-parses and tokenizes every request (with a pipeline whose model is a weightless stand-in: config
+model copy, each loading its own pipeline (on its own GPU, or pinned to a share of the CPU
+cores: :func:`~bertforge.runtime.cpu.split_cores`), behind the single port and the single
+dynamic batcher of the main process. The main process still parses and tokenizes every
+request (with a pipeline whose model is a weightless stand-in: config
 and tokenizer only), forms the batches, and sends each to a free replica over a pipe; the replica
 runs it and sends the results back. Processes rather than threads: PyTorch holds the GIL in
 parts of every forward pass, and a CUDA context must not be shared across a fork, hence the
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 
 from bertforge.core.numbers import whole_number
 from bertforge.errors import ConfigError
+from bertforge.runtime.cpu import core_ids, split_cores
 from bertforge.serve.replica_pool import ReplicaDied, ReplicaPool
 from bertforge.serve.replica_worker import ReplicaSpec, load_pipelines
 from bertforge.serve.settings import ServeSettings
@@ -78,8 +80,9 @@ def plan_replicas(replicas: int | str | None, device: str) -> list[str] | None:
     ``device`` is one device or a comma list (``cuda:0,cuda:1``). ``replicas``: None gives one
     replica per listed device (so none for a single device); ``auto`` one per listed device, one
     per visible GPU for ``auto``/``cuda``, one on a CPU; N gives N replicas, replica i on the
-    i-th of those devices in turn (several replicas may share a GPU; CPU replicas share the
-    cores, ``cores // N`` torch threads each).
+    i-th of those devices in turn (several replicas may share a GPU; CPU replicas split the
+    cores, each pinned to its own share: :class:`ReplicaPool`). More CPU replicas than cores
+    is a ConfigError here, before anything loads.
     """
     names = [name.strip() for name in str(device).split(",")]
     if not all(names):
@@ -95,7 +98,9 @@ def plan_replicas(replicas: int | str | None, device: str) -> list[str] | None:
         count = len(devices)
     if count == 1:
         return None
-    return [devices[i % len(devices)] for i in range(count)]
+    planned = [devices[i % len(devices)] for i in range(count)]
+    split_cores(core_ids(), max(1, planned.count("cpu")))  # the error, if too few cores
+    return planned
 
 
 # ---------------------------------------------------------------------------- parse-only loading
@@ -178,7 +183,7 @@ def start_replicas(model_dir: Path, spec: ReplicaSpec, devices: Sequence[str],
     parser, extractor = load_parsers(model_dir, spec.task, spec.backend, spec.truncation,
                                      spec.embeddings)
     pool = ReplicaPool(spec, devices, timeout=settings.replica_timeout,
-                       restarts=settings.replica_restarts)
+                       restarts=settings.replica_restarts, threads=settings.model_threads)
     try:
         pool.start()
     except BaseException:

@@ -117,8 +117,11 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
       ``/docs`` and ``/openapi.json`` stay open.
     * ``truncation`` (the pipeline's default: ``error`` for classification, tagging and
       embeddings): ``error`` answers 422 for an input over the model's maximum length,
-      ``truncate`` cuts it and says so in the result; question answering always splits long
-      contexts into windows, summarization cuts the article to the model's positions.
+      ``truncate`` cuts it and says so in the result, ``chunk`` (embeddings and
+      classification, ``/v1/embeddings`` included) splits it into overlapping windows whose
+      results are averaged and says ``"chunks": N`` (a request's ``"truncate": true`` still
+      cuts); question answering always splits long contexts into windows, summarization cuts
+      the article to the model's positions (neither takes ``chunk``).
     * ``device`` (auto): ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``. With
       an ONNX backend it picks onnxruntime's execution provider: ``cuda`` needs the
       ``onnxruntime-gpu`` wheel (a one-line error otherwise), ``auto`` uses CUDA when both torch
@@ -127,11 +130,11 @@ def serve(model_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
     * ``replicas`` (one per ``device`` listed, so 1): model copies in worker processes behind the
       one port and queue (:func:`bertforge.serve.replicas.plan_replicas`): N, or ``auto`` (one
       per visible GPU; 1 on a CPU). With 1 the model runs in this process, as without the option.
-    * ``precision`` (auto): the torch backend's numerics: ``auto`` (bf16 autocast on GPUs
-      that support it, else fp32), ``fp32``, ``bf16`` or ``fp16``. ``bf16`` on a CPU with bf16
-      matrix units (Intel AMX) runs about twice the fp32 throughput; scores then differ from
-      fp32's at bf16 rounding (docs/serving.md). ONNX backends run their export as it is (fp32
-      or int8) and accept only ``auto`` and ``fp32``.
+    * ``precision`` (auto): the torch backend's numerics (``bertforge.runtime.guard``):
+      ``auto`` (on a CPU the fastest of bf16 and int8 its units run whose outputs hold the
+      quality guard, else fp32; on a GPU bf16 where supported), ``fp32``, ``bf16``, ``int8``
+      (CPU) or ``fp16``; ``/health`` shows the choice and its reason. ONNX backends run their
+      export as it is (fp32 or int8) and accept only ``auto`` and ``fp32``.
     * ``embeddings`` (true): also serve ``/v1/embeddings`` from the model's encoder (torch
       backend; loads the weights a second time, as a feature-extraction pipeline).
     * ``log_level`` (info): critical, error, warning, info or debug; internal errors are logged

@@ -41,7 +41,9 @@ class ServeSettings:
     0: ``OMP_NUM_THREADS`` when set, else every core but one (at least 1), which is left to
     HTTP and tokenization (:func:`bertforge.serve.execution.model_threads`), and a PyTorch
     model on 2 or more cores runs each batch with every core instead where its size measured
-    faster that way (:class:`bertforge.serve.execution.ThreadChoice`)."""
+    faster that way (:class:`bertforge.serve.execution.ThreadChoice`). With CPU replicas:
+    each replica's threads; 0: one per core of its own share of the cores, which it is pinned
+    to (:class:`bertforge.serve.replica_pool.ReplicaPool`)."""
     max_body_bytes: int = 1 << 20
     """Largest request body accepted, with or without Content-Length (413 beyond)."""
     max_text_chars: int = 100_000

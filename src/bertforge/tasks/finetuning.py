@@ -17,12 +17,14 @@ Training batches come from a ``PretrainingLoader`` over the features (``make_bat
 micro-batch to its longest sequence), so order, epochs, ranks, accumulation and resume work
 exactly as in pretraining. Evaluation runs the bare model over the rank's contiguous share of
 the evaluation features and gathers the outputs, so every rank computes the same metrics.
+A run that only evaluates chooses its precision as ``bertforge.tasks.eval_precision`` says.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,13 +44,14 @@ from bertforge.data.batch import (SEQUENCE_KEYS, Batch, LossOutput, SequenceFeat
 from bertforge.data.loader import PretrainingLoader
 from bertforge.errors import ConfigError, DataError, in_context
 from bertforge.models.loading import ModelSource, open_model
-from bertforge.ops.linear import cast_linears
-from bertforge.runtime.precision import build_precision
+from bertforge.runtime.guard import PrecisionChoice, Probe, choose_precision
+from bertforge.runtime.precision import Precision
 from bertforge.tokenization import load_tokenizer
 from bertforge.train.distributed import DistInfo
 from bertforge.train.flops import batch_train_flops
 from bertforge.train.guards import load_for_training, verify_model_files
 from bertforge.speed import apply_speed_options, read_positions
+from bertforge.tasks.eval_precision import Evaluated, batch_probe
 from bertforge.train.run import RunResult
 from bertforge.train.task import steps_for_epochs
 
@@ -236,6 +239,7 @@ class FinetuneTask(ABC):
         self.train = (None if self.features.train is None
                       else train_loader(self.features.train.features, cfg, info))
         self.last_outputs: dict[str, Any] | None = None  # of the latest evaluation
+        self.precision_choice: PrecisionChoice | None = None  # of the latest evaluation model
 
     @property
     def name(self) -> str:
@@ -353,26 +357,52 @@ class FinetuneTask(ABC):
         lines.append(f"  model        {self.cfg.output_dir} (Hugging Face format)")
         return lines
 
-    def evaluation_model(self) -> tuple[nn.Module, Any]:
-        """``model`` as evaluation runs it without training: its weights, the run's speed
-        options (``train.unpad``) and the run's precision (whose ``autocast`` ``evaluate`` takes)."""
+    def evaluation_probe(self) -> Probe | None:
+        """The batch the quality guard compares precisions on (``runtime.guard``): the first
+        evaluation batch's model inputs (``EncoderTask``; summarization: its longest articles).
+        None: the task has none (sentence-similarity embeds texts as it scores them)."""
+        return None
+
+    def evaluation_model(self, precision: str | None = None) -> tuple[nn.Module, Precision]:
+        """The model as an evaluation-only run runs it: its weights in eval mode, the run's
+        speed options (``train.unpad``) and ``precision`` (default: the run's), chosen and
+        applied by ``runtime.guard.choose_precision``: on a CPU ``auto`` is held to
+        the quality guard on :meth:`evaluation_probe`, bf16 stores the linear weights in bf16
+        once (not for encoder-decoders), int8 swaps in int8 linear layers. Returns the model
+        and the ``Precision`` whose ``autocast`` ``evaluate`` takes; the choice is kept as
+        ``precision_choice``."""
         model = self.build_model(None)
         apply_speed_options(model, unpad=self.cfg.train.unpad,
                             attention_backend=self.cfg.train.attention_backend)
-        return model, build_precision(self.cfg.precision, self.info.device)
+        model.eval()  # the guard compares deterministic passes (no dropout)
+        self.precision_choice, numerics = choose_precision(
+            model, self.info.device, precision or self.cfg.precision, self.evaluation_probe(),
+            seq2seq=self.source.family.seq2seq, where=f"{self.name} evaluation")
+        return model, numerics
+
+    def evaluate_at(self, precision: str | None = None) -> Evaluated:
+        """One evaluation-only pass at ``precision`` (default: the run's) over the evaluation
+        data read once: the metrics, the precision's choice and the pass's wall time. The
+        outputs are kept as ``last_outputs``; nothing is written."""
+        model, numerics = self.evaluation_model(precision)
+        start = time.perf_counter()
+        metrics = self.evaluate(model, numerics.autocast)
+        return Evaluated(metrics, self.precision_choice, time.perf_counter() - start)
 
     def evaluate_only(self) -> RunResult:
-        """No training data: predict the evaluation file with ``model`` (and score it when
-        labelled) and write the outputs to ``output_dir``."""
+        """No training data: predict the evaluation file at the run's precision (and score it
+        when labelled) and write the outputs to ``output_dir``; eval_results.json holds the
+        metrics, ``precision`` and ``precision_reason``."""
         out = Path(self.cfg.output_dir)
-        model, precision = self.evaluation_model()
-        metrics = self.evaluate(model, precision.autocast)
-        self.write_outputs(out, metrics)
-        if self.info.is_main and metrics:
-            print(f"{self.name} evaluation of {self.cfg.model}\n  {format_metrics(metrics)}\n"
+        done = self.evaluate_at()
+        self.write_outputs(out, done.results() if done.metrics else {})
+        if self.info.is_main and done.metrics:
+            c = done.choice
+            print(f"{self.name} evaluation of {self.cfg.model}\n  {format_metrics(done.metrics)}\n"
+                  f"  precision    {c.name} ({c.asked}: {c.reason})\n"
                   f"  results      {out / RESULTS_FILE}")
         return RunResult(output_dir=out, step=0, preempted=False, final_checkpoint=None,
-                         validation=metrics)
+                         validation=done.metrics)
 
 
 class EncoderTask(FinetuneTask):
@@ -383,14 +413,11 @@ class EncoderTask(FinetuneTask):
     def outputs(self, out: Any, batch: Batch) -> dict[str, torch.Tensor]:
         """What evaluation keeps of a forward pass: (B, ...) tensors, sequences padded."""
 
-    def evaluation_model(self) -> tuple[nn.Module, Any]:
-        """As :meth:`FinetuneTask.evaluation_model`; a model that is only evaluated, in bf16 or
-        fp16, stores its linear weights in that dtype once (``ops.linear.cast_linears``: the
-        values autocast would give each pass, without the cast at every batch)."""
-        model, precision = super().evaluation_model()
-        if precision.dtype is not None:
-            cast_linears(model, precision.dtype)
-        return model, precision
+    def evaluation_probe(self) -> Probe | None:
+        """The first batch of the evaluation pass, as :func:`predict` feeds it to the model."""
+        assert self.features.evaluation is not None
+        return batch_probe(self.features.evaluation.features, self.cfg.eval.batch_size,
+                           self.info.device, self.source.family.inputs)
 
     def collect(self, model: nn.Module,
                 autocast: Callable[[], ContextManager]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from bertforge.errors import ConfigError
 from bertforge.models.generation import GENERATION_CONFIG_NAME, GenerationConfig
 from bertforge.models.generation.config import named_as
 from bertforge.models.generation.texts import generate_texts, settings_for
+from bertforge.runtime.guard import Probe, sequence_probe
 from bertforge.tasks.denoise import seq2seq_batch_flops, seq2seq_loss
 from bertforge.tasks.finetuning import Encoded, Examples, FinetuneTask, gather_outputs, unwrap
 
@@ -93,6 +94,11 @@ class SummarizationTask(FinetuneTask):
         """The settings evaluation generates with (and the fine-tuned model keeps)."""
         inner = unwrap(model)
         return self._settings(inner.config, inner.generation_config)
+
+    def evaluation_probe(self) -> Probe | None:
+        """The quality guard's probe: the longest articles, cut short (``sequence_probe``)."""
+        return sequence_probe(self.features.evaluation.features, self.tokenizer.pad_id,
+                              self.info.device)
 
     def collect(self, model: nn.Module,
                 autocast: Callable[[], ContextManager]) -> dict[str, np.ndarray]:

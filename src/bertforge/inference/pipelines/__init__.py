@@ -18,8 +18,11 @@ widens an answer to whole words, ``align_to_words``).
 A batch is padded to its longest sequence rounded up to a multiple of 8, never to
 ``max_length``: padding is compute, and requests vary a lot in length. An input longer than
 ``max_length`` tokens is an ``InputError`` (``truncation="error"``) or is cut and its result says
-``"truncated": true`` (``"truncate"``); QA splits long contexts into windows instead, and
-summarization cuts the article to the model's positions by default.
+``"truncated": true`` (``"truncate"``), or, for embeddings and classification, is split into
+overlapping windows whose results are pooled (``"chunk"``, ``pipelines.chunking``); QA splits
+long contexts into windows itself, and summarization cuts the article to the model's positions
+by default. The precision a pipeline runs in is chosen by ``pipelines.numerics`` (``auto``: the
+CPU's units and a quality guard).
 """
 
 

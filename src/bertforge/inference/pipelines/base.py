@@ -24,7 +24,9 @@ from bertforge.tokenization import EncoderTokenizer, Window
 from bertforge.tokenization.prefix import Capped, encode_ids_capped, encode_window_capped
 
 
-TRUNCATION = ("error", "truncate")
+TRUNCATION = ("error", "truncate", "chunk")
+"""What a pipeline does with an input over ``max_length``: refuse it, cut it, or split it into
+overlapping windows whose results are pooled (``chunking``; only where ``Pipeline.chunks``)."""
 _MASKED_LOGIT = -1e4  # start/end logits of padding, never part of a span
 _MAX_TOP_K = 100
 
@@ -168,6 +170,9 @@ class TextRequest:
     window: Window
     truncated: bool
     top_k: int = 0  # fill-mask only
+    windows: tuple[Window, ...] = ()
+    """All windows of a text split by ``truncation="chunk"`` (``window`` is the first); empty
+    for a text that fits (or was cut), whose one window is ``window``."""
 
 
 def _shown(value: Any, limit: int = 40) -> str:
@@ -213,6 +218,9 @@ class Pipeline(ABC):
     windowed: ClassVar[bool] = False
     """Inputs are cut into windows of the task's training length (question answering), not
     encoded whole up to the model's positions."""
+    chunks: ClassVar[bool] = False
+    """``truncation="chunk"`` applies: a long input's windows are run and their results pooled
+    (``chunking``)."""
     decodes: ClassVar[bool] = False
     """Answering runs a decoding loop (summaries): a batch shares the fixed cost of every step,
     so batching pays even where padding costs (a server's batcher bounds padding otherwise)."""
@@ -225,8 +233,11 @@ class Pipeline(ABC):
     device: torch.device
     precision: Precision
     max_length: int            # tokens per sequence (pair), special tokens included
-    truncation: str            # "error" or "truncate"
+    truncation: str            # one of TRUNCATION
     backend: str = "pytorch"
+    precision_choice: Any = None
+    """Why the model runs in ``precision`` (``pipelines.numerics.PrecisionChoice``; None for
+    an ONNX backend, which runs its export as it is)."""
 
     @classmethod
     def run_settings(cls, run: Any) -> dict[str, Any]:
@@ -240,8 +251,9 @@ class Pipeline(ABC):
         empty or too long field."""
 
     def cost(self, request: Any) -> int:
-        """Tokens ``request`` occupies in a batch."""
-        return len(request.window.ids)
+        """Tokens ``request`` occupies in a batch (all its windows when it was chunked)."""
+        windows = getattr(request, "windows", ())
+        return sum(len(w.ids) for w in windows) if windows else len(request.window.ids)
 
     @abstractmethod
     def run(self, requests: Sequence[Any]) -> list[dict]:
@@ -326,6 +338,7 @@ class Pipeline(ABC):
         return {"task": self.task, "model": str(self.model_dir),
                 "model_type": self.config.model_type, "backend": self.backend,
                 "device": str(self.device), "precision": self.precision.name,
+                "precision_reason": getattr(self.precision_choice, "reason", None),
                 "max_length": self.max_length, "truncation": self.truncation,
                 "example": self.example()}
 
@@ -387,9 +400,12 @@ class Pipeline(ABC):
             return self.model(**inputs)
 
     def mark(self, result: dict, request: Any) -> dict:
-        """``result`` with ``"truncated": true`` when the request's input was cut."""
+        """``result`` with ``"truncated": true`` when the request's input was cut, and
+        ``"chunks": N`` when it was split into N > 1 windows."""
         if getattr(request, "truncated", False):
             result["truncated"] = True
+        if len(getattr(request, "windows", ())) > 1:
+            result["chunks"] = len(request.windows)
         return result
 
 

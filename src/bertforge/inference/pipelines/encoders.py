@@ -15,21 +15,25 @@ from bertforge.errors import ConfigError
 from bertforge.inference.pipelines.base import (InputError, Pipeline, TextRequest, _MAX_TOP_K,
                                                 _fields, _flag, _labels, _logits, _number,
                                                 _softmax, _text)
-from bertforge.tokenization import BertTokenizer
+from bertforge.inference.pipelines.chunking import (DEFAULT_MAX_WINDOWS, check_chunking,
+                                                    chunk_description, chunk_windows, per_input,
+                                                    run_windows)
+from bertforge.tokenization import BertTokenizer, Window
 
 # --- per-item options --------------------------------------------------------------------------
 
 
 @contextmanager
 def _truncation_for(pipeline: Any, truncate: bool | None) -> Iterator[None]:
-    """``pipeline`` cutting long inputs (``truncate=True``) or refusing them (False) for the body
-    of the ``with``; None leaves its setting. Pipelines run on one thread (the server's worker),
-    so a request's own choice can be set around its parse and put back."""
+    """``pipeline`` cutting long inputs (``truncate=True``) or not cutting them (False: refused,
+    or still split into windows by a pipeline that chunks) for the body of the ``with``; None
+    leaves its setting. Pipelines run on one thread (the server's worker), so a request's own
+    choice can be set around its parse and put back."""
     if truncate is None or not hasattr(pipeline, "truncation"):
         yield
         return
     saved = pipeline.truncation
-    pipeline.truncation = "truncate" if truncate else "error"
+    pipeline.truncation = "truncate" if truncate else "chunk" if saved == "chunk" else "error"
     try:
         yield
     finally:
@@ -42,6 +46,20 @@ def encode_item(pipeline: Pipeline, text: str, pair: str | None,
     truncation); an item over the length is an ``InputError`` that says how to ask for a cut."""
     with _truncation_for(pipeline, truncate):
         return pipeline.encode_text(text, pair)
+
+
+def encode_chunked(pipeline: Pipeline, text: str, pair: str | None, truncate: bool | None,
+                   prefix: int = 0) -> tuple[Window, bool, tuple[Window, ...]]:
+    """``encode_item``'s window and cut, and the windows of a text over the length under
+    ``truncation="chunk"`` (``chunking``; the first is the window): ``TextRequest``'s
+    ``window``, ``truncated`` and ``windows``. ``prefix``: characters at the start of ``text``
+    (a prompt) that every window repeats."""
+    with _truncation_for(pipeline, truncate):
+        window, over = pipeline.encode_text(text, pair)
+        if over and pipeline.truncation == "chunk":
+            windows = chunk_windows(pipeline, text, pair, prefix)
+            return windows[0], False, windows
+    return window, over, ()
 
 
 def parse_single(pipeline: Pipeline, item: Mapping[str, Any]) -> TextRequest:
@@ -57,23 +75,38 @@ def parse_single(pipeline: Pipeline, item: Mapping[str, Any]) -> TextRequest:
 @dataclass
 class TextClassificationPipeline(Pipeline):
     """Sequence (pair) classification with the label names of config.json, or regression. An
-    item may ask for its own ``truncate`` (cut to ``max_length`` instead of an error)."""
+    item may ask for its own ``truncate`` (cut to ``max_length`` instead of an error).
+
+    Under ``truncation="chunk"`` a long ``text`` is split into windows of ``chunk_overlap``
+    shared tokens (``chunking``; a ``text_pair`` is kept whole in each window), and its logits
+    are the mean (``chunk_pool="mean"``) or the maximum (``"max"``) of its windows' logits,
+    then turned into scores as a text that fits; its result says ``"chunks": N``."""
 
     fields: ClassVar[tuple[str, ...]] = ("text", "text_pair", "truncate")
+    options: ClassVar[tuple[str, ...]] = ("chunk_overlap", "chunk_pool", "max_windows")
+    chunks: ClassVar[bool] = True
+    chunk_overlap: int | None = None  # tokens neighbouring windows share; None: room // 4
+    chunk_pool: str = "mean"
+    max_windows: int = DEFAULT_MAX_WINDOWS  # windows per forward pass (at least the texts')
     labels: LabelMap | None = field(init=False, default=None)  # None: regression (one output)
 
     def __post_init__(self) -> None:
+        check_chunking(self)
         regression = self.config.problem_type == "regression" or self.config.num_labels == 1
         self.labels = None if regression else _labels(self.config)
 
     def parse(self, item: Mapping[str, Any]) -> TextRequest:
         item = _fields(item, self.fields)
         text, pair = _text(item, "text"), _text(item, "text_pair", required=False)
-        return TextRequest(text, *encode_item(self, text, pair, _flag(item, "truncate")))
+        window, cut, windows = encode_chunked(self, text, pair, _flag(item, "truncate"))
+        return TextRequest(text, window, cut, windows=windows)
 
     def logits(self, requests: Sequence[TextRequest]) -> np.ndarray:
-        """(B, num_labels) float32 logits of ``requests`` run as one padded batch."""
-        return _logits(self.forward(self.pad([r.window for r in requests])).logits)
+        """(B, num_labels) float32 logits of ``requests``: of their windows, run in padded
+        batches (one for texts that fit), pooled by ``chunk_pool`` per chunked text."""
+        parts, counts = run_windows(self, requests, lambda windows: _logits(
+            self.forward(self.pad(windows)).logits))  # each (windows, num_labels)
+        return np.stack(per_input(np.concatenate(parts), counts, self.chunk_pool))
 
     def run(self, requests: Sequence[TextRequest]) -> list[dict]:
         if not requests:
@@ -91,7 +124,8 @@ class TextClassificationPipeline(Pipeline):
 
     def describe(self) -> dict:
         return {**super().describe(), "labels": None if self.labels is None else
-                list(self.labels.names), "regression": self.labels is None}
+                list(self.labels.names), "regression": self.labels is None,
+                **chunk_description(self)}
 
     def example(self) -> dict:
         return {"text": "A gripping, beautifully shot film."}
@@ -107,7 +141,12 @@ class TextRankingPipeline(TextClassificationPipeline):
     (``text``), from the model's one output for the pair: ``{"score": sigmoid(logit),
     "logit": logit}``, what sentence-transformers' ``CrossEncoder.predict`` gives a one-label
     model (its default activation). ``text`` alone may hold ``query<TAB>passage`` (a line of
-    ``bertforge predict rerank``'s input). An item may ask for its own ``truncate``."""
+    ``bertforge predict rerank``'s input). An item may ask for its own ``truncate``.
+    ``truncation="chunk"`` does not apply: it is the passage that runs long, and scoring its
+    windows against the query (their maximum, say) is another model of relevance."""
+
+    options: ClassVar[tuple[str, ...]] = ()
+    chunks: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.config.num_labels != 1:

@@ -16,7 +16,10 @@ from bertforge.core.kinds import json_kind
 from bertforge.errors import ConfigError
 from bertforge.inference.pipelines.base import (InputError, Pipeline, TextRequest, _fields,
                                                 _flag, _logits, _text)
-from bertforge.inference.pipelines.encoders import encode_item
+from bertforge.inference.pipelines.chunking import (DEFAULT_MAX_WINDOWS, check_chunking,
+                                                    chunk_description, per_input, run_windows)
+from bertforge.inference.pipelines.encoders import encode_chunked
+from bertforge.tokenization import Window
 from bertforge.ops.pooling import POOLINGS, finish, pool
 
 
@@ -62,20 +65,30 @@ class FeatureExtractionPipeline(Pipeline):
     Matryoshka sizes. An item may ask for its own ``normalize``, ``truncate`` (cut to
     ``max_length`` instead of an error), ``prompt_name`` (a saved prompt put before the text,
     its tokens counted in ``max_length``; absent: the saved default prompt, usually none) and
-    ``dimensions`` (a Matryoshka model's vectors cut to that size, then normalized)."""
+    ``dimensions`` (a Matryoshka model's vectors cut to that size, then normalized).
+
+    Under ``truncation="chunk"`` a long text is split into windows of ``chunk_overlap`` shared
+    tokens (``chunking``), each starting with the text's prompt, if any. Each window is pooled
+    as a text that fits; the text's vector is the plain mean of its windows' pooled vectors
+    (every window is full, so this is also their mean weighted by real tokens), then cut to
+    ``dimensions`` and normalized as any vector; its result says ``"chunks": N``."""
 
     fields: ClassVar[tuple[str, ...]] = ("text", "normalize", "truncate", "prompt_name",
                                          "dimensions")
-    options: ClassVar[tuple[str, ...]] = ("pooling", "normalize")
+    options: ClassVar[tuple[str, ...]] = ("pooling", "normalize", "chunk_overlap", "max_windows")
+    chunks: ClassVar[bool] = True
     pooling: str | None = None  # None: the directory's saved pooling, else "mean"
     normalize: bool | None = None  # unit-length vectors (cosine similarity = dot); None: saved
     prompts: dict[str, str] = field(init=False, default_factory=dict)
     default_prompt_name: str | None = field(init=False, default=None)
     matryoshka_dims: list[int] | None = field(init=False, default=None)
+    chunk_overlap: int | None = None  # tokens neighbouring windows share; None: room // 4
+    max_windows: int = DEFAULT_MAX_WINDOWS  # windows per forward pass (at least the texts')
 
     def __post_init__(self) -> None:
         import bertforge.export.sentence_transformers as st
 
+        check_chunking(self)
         saved = st.read_pooling(self.model_dir)
         where = ""
         if self.pooling is None:
@@ -114,34 +127,40 @@ class FeatureExtractionPipeline(Pipeline):
         text = _text(item, "text")
         # The prompt is part of the input, as sentence-transformers prepends it: it takes
         # tokens of max_length and is pooled with the text.
-        prompted = self.prompt(item.get("prompt_name")) + text
+        prompt = self.prompt(item.get("prompt_name"))
         dims = check_dimensions(item.get("dimensions"), self.config.hidden_size,
                                 self.matryoshka_dims)
-        window, cut = encode_item(self, prompted, None, _flag(item, "truncate"))
-        return EmbedRequest(text, window, cut, normalize=_flag(item, "normalize"),
-                            dimensions=dims)
+        window, cut, windows = encode_chunked(self, prompt + text, None, _flag(item, "truncate"),
+                                              prefix=len(prompt))
+        return EmbedRequest(text, window, cut, windows=windows,
+                            normalize=_flag(item, "normalize"), dimensions=dims)
 
     def vectors(self, requests: Sequence[TextRequest]) -> list[torch.Tensor]:
-        """Each request's vector, pooled, cut to its ``dimensions`` and normalized as it asks
-        (else as the pipeline does): (dims,) fp32 tensors on the CPU."""
+        """Each request's vector, pooled (a chunked text's: the mean of its windows'), cut to
+        its ``dimensions`` and normalized as it asks (else as the pipeline does): (dims,) fp32
+        tensors on the CPU."""
         if not requests:
             return []
-        inputs = self.pad([r.window for r in requests])
-        out = self.forward(inputs)
-        hidden = out if torch.is_tensor(out) or isinstance(out, np.ndarray) else (
-            out.last_hidden_state)  # (B, S, H)
-        # Pooled in fp32 where the model ran (autocast's bf16 upcast on its device; an ONNX
-        # backend's numpy on the CPU): only the (B, H) vectors come back to the host.
-        hidden = hidden.float() if torch.is_tensor(hidden) else torch.from_numpy(
-            _logits(hidden))
-        mask = inputs["attention_mask"].to(hidden.device)  # (B, S)
-        pooled = pool(hidden, mask, self.pooling).cpu()  # (B, H)
+        parts, counts = run_windows(self, requests, self.pooled)
         vectors = []
-        for r, row in zip(requests, pooled):
+        for r, row in zip(requests, per_input(torch.cat(parts), counts)):
             wanted = getattr(r, "normalize", None)
             vectors.append(finish(row[None], self.normalize if wanted is None else wanted,
                                   getattr(r, "dimensions", None))[0])
         return vectors
+
+    def pooled(self, windows: Sequence[Window]) -> torch.Tensor:
+        """(N, H) pooled vectors of ``windows`` run as one padded batch, on the CPU."""
+        inputs = self.pad(windows)
+        out = self.forward(inputs)
+        hidden = out if torch.is_tensor(out) or isinstance(out, np.ndarray) else (
+            out.last_hidden_state)  # (N, S, H)
+        # Pooled in fp32 where the model ran (autocast's bf16 upcast on its device; an ONNX
+        # backend's numpy on the CPU): only the (N, H) vectors come back to the host.
+        hidden = hidden.float() if torch.is_tensor(hidden) else torch.from_numpy(
+            _logits(hidden))
+        mask = inputs["attention_mask"].to(hidden.device)  # (N, S)
+        return pool(hidden, mask, self.pooling).cpu()
 
     def run(self, requests: Sequence[TextRequest]) -> list[dict]:
         return [self.mark({"embedding": vector.tolist(), "pooling": self.pooling}, r)
@@ -150,7 +169,8 @@ class FeatureExtractionPipeline(Pipeline):
     def describe(self) -> dict:
         return {**super().describe(), "pooling": self.pooling, "normalize": self.normalize,
                 "dimensions": self.config.hidden_size, "matryoshka_dims": self.matryoshka_dims,
-                "prompts": dict(self.prompts), "default_prompt_name": self.default_prompt_name}
+                "prompts": dict(self.prompts), "default_prompt_name": self.default_prompt_name,
+                **chunk_description(self)}
 
     def example(self) -> dict:
         return {"text": "A sentence to embed."}

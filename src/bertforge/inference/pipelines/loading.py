@@ -11,13 +11,14 @@ from typing import Any
 import torch
 
 from bertforge.core.arguments import check_argument, checked
-from bertforge.core.limits import PRECISIONS, setting_changed
+from bertforge.core.limits import INFERENCE_PRECISIONS, setting_changed
 from bertforge.errors import ConfigError, DataError, in_context
 from bertforge.export.sentence_transformers import SENTENCE_BERT_CONFIG, saved_max_seq_length
 from bertforge.inference.pipelines.base import Pipeline, TRUNCATION
+from bertforge.inference.pipelines.chunking import CHUNK_OPTIONS
+from bertforge.inference.pipelines.numerics import settle_precision
 from bertforge.models.loading import ModelSource, load_model, model_directory, open_model
 from bertforge.models.registry import family_of_architecture
-from bertforge.ops.linear import cast_linears
 from bertforge.tasks.registry import (TaskSpec, check_model_fits_task, get_task, task_names,
                                       task_of_finetuned, task_of_head)
 from bertforge.tokenization import load_tokenizer
@@ -58,19 +59,16 @@ def _check_fit(spec: TaskSpec, source: ModelSource) -> None:
                           f"{' or '.join(fits)} model")
 
 
-def _load_model(spec: TaskSpec, source: ModelSource, device: torch.device,
-                half: torch.dtype | None) -> Any:
+def _load_model(spec: TaskSpec, source: ModelSource, device: torch.device) -> Any:
     """The task's model with the directory's weights, on ``device``, in eval mode; a head the
     files lack is a ``ConfigError`` (it would answer at random), not a fresh initialisation.
     An encoder-decoder's feature extraction runs its encoder alone. Encoders run on the real
     tokens of a batch only, with the CPU kernels and the partial last layer
     (``bertforge.speed``): the same outputs at real tokens, no work on the padding of
-    mixed-length batches. ``half``: the autocast dtype the
-    pipeline runs in, if any (``ops.linear.cast_linears``)."""
+    mixed-length batches. In fp32: the pipeline's precision is applied to it after
+    (``pipelines.numerics``)."""
     model = load_model(source, spec.head, device=device)
     apply_speed_options(model, unpad=True)
-    if half is not None and not source.family.seq2seq:
-        cast_linears(model, half)
     return model.encoder if spec.name == "feature-extraction" and source.family.seq2seq else model
 
 
@@ -95,14 +93,17 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     any name or alias of the task registry).
 
     ``max_length``: tokens per input (default: the run's data.max_seq_length for QA, else the
-    model's positions within the tokenizer's limit). ``truncation``: "error" or "truncate"
-    (default: "truncate" for summarization, else "error"; QA windows instead). ``backend``: a
+    model's positions within the tokenizer's limit). ``truncation``: "error", "truncate" or,
+    for feature-extraction and text-classification, "chunk" (overlapping windows, their results
+    pooled: ``chunking``) (default: "truncate" for summarization, else "error"; QA windows
+    instead). ``backend``: a
     callable with the PyTorch model's call signature and outputs (e.g. onnxruntime-backed) used
     instead of the PyTorch model; one with a ``device`` has chosen it (``device`` is then not
     read) and one with a ``source`` has read config.json (as ``OnnxModel``). ``options``: the
     task's own (QA: doc_stride, max_query_length, n_best_size, max_answer_length,
     null_score_diff_threshold, max_windows, align_to_words; fill-mask: top_k;
-    feature-extraction: pooling, normalize). User mistakes raise ``ConfigError``.
+    feature-extraction: pooling, normalize, chunk_overlap, max_windows; text-classification:
+    chunk_overlap, chunk_pool, max_windows). User mistakes raise ``ConfigError``.
     """
     model_dir = model_directory(model_dir)
     source = getattr(backend, "source", None) or open_model(model_dir)
@@ -112,11 +113,14 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     _check_fit(spec, source)
     cls = spec.pipeline.load()
     options = _check_options(cls, spec, options)
-    truncation = truncation or cls.default_truncation
-    if truncation not in TRUNCATION:
-        raise ConfigError(f"truncation must be error or truncate, got {truncation!r}")
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    truncation = _check_truncation(cls, spec, truncation or cls.default_truncation, options)
+    if precision not in INFERENCE_PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(INFERENCE_PRECISIONS)}, got "
+                          f"{precision!r}")
+    if backend is not None and precision not in ("auto", "fp32"):
+        raise ConfigError(f"precision {precision}: an ONNX backend runs its export as it is "
+                          f"(model.onnx in fp32, model.int8.onnx in int8); load the PyTorch "
+                          f"model for {precision}")
     try:
         tokenizer = load_tokenizer(model_dir, source.family)
     except DataError as exc:
@@ -128,14 +132,16 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     # CUDA): report that device, and keep the inputs on the CPU when it is the CPU.
     placed = getattr(backend, "device", None)
     target = resolve_device(device) if placed is None else torch.device(placed)
-    # onnxruntime computes in the exported fp32 (or int8): torch's autocast has no say
-    numerics = build_precision("fp32" if backend is not None else precision, target)
-    model = backend if backend is not None else _load_model(spec, source, target, numerics.dtype)
+    model = backend if backend is not None else _load_model(spec, source, target)
     extra: dict[str, Any] = {**settings, **options}
-    return cls(task=spec.name, model=model, tokenizer=tokenizer, model_dir=model_dir,
-               config=config, device=target, precision=numerics,
+    pipe = cls(task=spec.name, model=model, tokenizer=tokenizer, model_dir=model_dir,
+               config=config, device=target, precision=build_precision("fp32", target),
                max_length=limit, truncation=truncation,
                backend="pytorch" if backend is None else type(backend).__name__, **extra)
+    # onnxruntime computes in the exported fp32 (or int8): torch's numerics have no say
+    if backend is None:
+        pipe.precision_choice = settle_precision(pipe, precision)
+    return pipe
 
 
 def _check_options(cls: type[Pipeline], spec: TaskSpec,
@@ -151,6 +157,26 @@ def _check_options(cls: type[Pipeline], spec: TaskSpec,
     hints = typing.get_type_hints(cls)
     return {name: check_argument("load_pipeline", name, hints.get(name, Any), value)
             for name, value in options.items()}
+
+
+def _check_truncation(cls: type[Pipeline], spec: TaskSpec, truncation: str,
+                      options: dict[str, Any]) -> str:
+    """``truncation`` when the task's pipeline takes it; ``ConfigError`` otherwise, and for a
+    chunk option (``chunking.CHUNK_OPTIONS``) given without ``truncation="chunk"``."""
+    def chunking() -> str:  # only on the error paths: it imports every pipeline's module
+        return ", ".join(n for n in task_names(served=True) if get_task(n).pipeline.load().chunks)
+
+    if truncation not in TRUNCATION:
+        raise ConfigError(f"truncation must be error or truncate, or chunk ({chunking()}), got "
+                          f"{truncation!r}")
+    if truncation == "chunk" and not cls.chunks:
+        why = " (it splits long contexts into windows of its own)" if cls.windowed else ""
+        raise ConfigError(f"truncation=chunk does not apply to {spec.name}{why}; it applies to "
+                          f"{chunking()}")
+    given = [name for name in CHUNK_OPTIONS if name in options] if cls.chunks else []
+    if given and truncation != "chunk":
+        raise ConfigError(f"option {given[0]} applies with truncation=chunk, not {truncation}")
+    return truncation
 
 
 def _input_limit(model_dir: Path, config: Any, asked: int | None, run_length: int | None,

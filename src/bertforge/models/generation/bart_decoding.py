@@ -50,9 +50,14 @@ BART_CLASS = "bertforge.models.bart.BartForConditionalGeneration"
 
 def handles(model: Any) -> bool:
     """Whether :class:`BartDecoding` computes ``model``'s decoder steps: bertforge's BART with
-    its LM head (the class itself), in eval mode (dropout would make a step random)."""
+    its LM head (the class itself), in eval mode (dropout would make a step random), whose
+    decoder layers hold their weights as tensors (an int8 model's quantized layers run their
+    own products: its steps are the model's ``decode_step``)."""
     cls = type(model)
-    return f"{cls.__module__}.{cls.__qualname__}" == BART_CLASS and not model.training
+    if f"{cls.__module__}.{cls.__qualname__}" != BART_CLASS or model.training:
+        return False
+    return all(isinstance(getattr(layer.fc1, "weight", None), torch.Tensor)
+               for layer in model.model.decoder.layers)
 
 
 def _input_major(weight: torch.Tensor) -> torch.Tensor:
