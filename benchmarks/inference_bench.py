@@ -588,8 +588,9 @@ def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
                   ) -> dict[str, dict[str, Server]]:
     """workload -> contestant -> its server. The classification servers answer both
     classification workloads; QA has no transformers reference (transformers 5 has no QA
-    pipeline). ``--server-variants`` beyond ``torch`` add, on the classification workloads,
-    ``bertforge serve --precision bf16`` (``bertforge-bf16``, with a transformers loop in bf16
+    pipeline). ``bertforge`` runs at the server's default precision (``auto``: what it chose is
+    in /health). ``--server-variants`` beyond ``torch`` add, on the classification workloads,
+    ``bertforge serve --precision fp32`` (``bertforge-fp32``), ``--precision bf16`` (``bertforge-bf16``, with a transformers loop in bf16
     beside it), ``--backend onnx`` / ``onnx-int8`` on the classification model's export and
     ``fixed-threads`` (``bertforge-fixed-threads``: ``--model-threads`` every core but one, the
     count automatic threads start from, so that what choosing per batch gains is measured)."""
@@ -618,6 +619,9 @@ def start_servers(args: argparse.Namespace, dirs: dict[str, Path], tmp: Path
         cls["bertforge-fixed-threads"] = Server.bertforge(
             args, dirs["classify"], tmp / "serve-cls-fixed.log", "--truncation", "truncate",
             "--model-threads", str(ours))
+    if "fp32" in args.server_variants:  # the default server runs at auto: its fp32 beside it
+        cls["bertforge-fp32"] = Server.bertforge(args, dirs["classify"], tmp / "serve-cls-fp32.log",
+                                                 "--truncation", "truncate", "--precision", "fp32")
     if "bf16" in args.server_variants:
         cls["bertforge-bf16"] = Server.bertforge(args, dirs["classify"], tmp / "serve-cls-bf16.log",
                                                  "--truncation", "truncate", "--precision", "bf16")
@@ -726,6 +730,10 @@ def run_server(args: argparse.Namespace, dirs: dict[str, Path], items: list[dict
                 for w, c, load in plan) + " requests/s", flush=True)
         threads = {c: _health(urls[id(s)]).get("model_threads") for group in servers.values()
                    for c, s in group.items() if c.startswith("bertforge")}
+        precisions = {c: {path: {k: e["model"].get(k) for k in ("precision", "precision_reason")}
+                          for path, e in _health(urls[id(s)]).get("endpoints", {}).items()}
+                      for group in servers.values() for c, s in group.items()
+                      if c.startswith("bertforge")}
     finally:
         for key, server in unique.items():
             codes[server.log.stem] = server.stop()
@@ -734,7 +742,7 @@ def run_server(args: argparse.Namespace, dirs: dict[str, Path], items: list[dict
         "requests_batch_1": args.requests_batch1, "max_wait_ms": args.max_wait_ms,
         "variants": args.server_variants,
         "threads_per_server": args.threads, "exit_codes_after_sigterm": codes,
-        "model_threads_preferred": threads,
+        "model_threads_preferred": threads, "precisions": precisions,
         "cpu_stall_pct_per_round": stalls,
         "workloads": {w: _workload_summary(w, phases) for w in servers}}
     if "qa" in servers:
@@ -872,7 +880,8 @@ def main() -> None:
                          "with every core and with this count (default: every core but one).")
     ap.add_argument("--server-variants", default="torch",
                     help="Comma-separated bertforge servers on the classification workloads: "
-                         "torch (always), bf16 (--precision bf16, with a transformers loop in "
+                         "torch (always: the default --precision auto), fp32 (--precision "
+                         "fp32), bf16 (--precision bf16, with a transformers loop in "
                          "bf16 beside it), onnx, onnx-int8 (--backend), fixed-threads "
                          "(--model-threads: every core but one, or --server-threads).")
     ap.add_argument("--max-wait-ms", type=float, default=5.0,
@@ -916,9 +925,10 @@ def main() -> None:
                           f"{', '.join(WORKLOADS)}")
     args.server_variants = list(dict.fromkeys(
         ["torch", *(v.strip() for v in args.server_variants.split(",") if v.strip())]))
-    if set(args.server_variants) - {"torch", "bf16", "onnx", "onnx-int8", "fixed-threads"}:
+    if set(args.server_variants) - {"torch", "fp32", "bf16", "onnx", "onnx-int8",
+                                    "fixed-threads"}:
         raise ConfigError(f"--server-variants {','.join(args.server_variants)!r}: choose from "
-                          "torch, bf16, onnx, onnx-int8, fixed-threads")
+                          "torch, fp32, bf16, onnx, onnx-int8, fixed-threads")
     if args.server_only and args.no_server:
         raise ConfigError("--server-only and --no-server exclude each other")
     if args.device == "cuda" and not torch.cuda.is_available():
