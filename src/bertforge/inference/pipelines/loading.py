@@ -92,8 +92,11 @@ def load_pipeline(model_dir: str | Path, task: str | None = None, *, device: str
     """The pipeline of ``model_dir`` for ``task`` (None: the task the model was fine-tuned for;
     any name or alias of the task registry).
 
-    ``max_length``: tokens per input (default: the run's data.max_seq_length for QA, else the
-    model's positions within the tokenizer's limit). ``truncation``: "error", "truncate" or,
+    ``precision``: auto, fp32, bf16, int8 or fp16; the model loads in fp32 and
+    ``pipelines.numerics`` applies the choice (``auto``: by the CPU's units and the quality
+    guard), kept with its reason as ``precision_choice``. ``max_length``: tokens per input
+    (default: the run's data.max_seq_length for QA, else the model's positions within the
+    tokenizer's limit). ``truncation``: "error", "truncate" or,
     for feature-extraction and text-classification, "chunk" (overlapping windows, their results
     pooled: ``chunking``) (default: "truncate" for summarization, else "error"; QA windows
     instead). ``backend``: a
