@@ -251,3 +251,18 @@ def test_bart_pipelines_run_in_bf16_and_int8(tiny_bart: Path, precision: str) ->
     cosine = torch.nn.functional.cosine_similarity(torch.tensor(pipe(text)["embedding"]),
                                                    torch.tensor(want), dim=0)
     assert pipe.precision.name == precision and cosine > 0.99
+
+
+def test_int8_bart_generates_under_inference_mode(tiny_bart: Path) -> None:
+    """An int8 decoder decodes through the model's cache, which then sees inference tensors
+    (no version counter) when a caller generates under ``torch.inference_mode``."""
+    from bertforge.models.bart import BartForConditionalGeneration
+    from bertforge.models.generation import generate
+
+    model = BartForConditionalGeneration.from_pretrained(tiny_bart).eval()
+    ids = torch.tensor([[0, 11, 12, 13, 14, 2]])
+    want = generate(model, ids, torch.ones_like(ids), model.generation_config)
+    quantize_linears(model)
+    with torch.inference_mode():
+        got = generate(model, ids, torch.ones_like(ids), model.generation_config)
+    assert got.shape[0] == 1 and want.shape[0] == 1

@@ -55,13 +55,14 @@ def beside(output: str | Path) -> Path:
 
 
 
-def precision_option(scope: str = "") -> Any:
+def precision_option(scope: str = "", default: str = "auto", then: str = "") -> Any:
     """The ``--precision`` of the commands that run a model for inference
-    (``bertforge.runtime.guard``); ``scope`` says where it applies (``"torch backend: "``)."""
-    return opt("auto", f"{scope}auto: on a CPU the fastest of bf16 (AMX, AVX512-BF16) and int8 "
-               "(VNNI) whose outputs keep a cosine >= 0.999 to fp32's on a probe, else fp32 "
-               "(logged with the reason); on a GPU bf16 where supported. Or fp32, bf16, int8 "
-               "(CPU: dynamically quantized linear layers) or fp16.",
+    (``bertforge.runtime.guard``); ``scope`` says where it applies (``"torch backend: "``),
+    ``then`` what the command does with it besides."""
+    return opt(default, f"{scope}auto: on a CPU the fastest of bf16 (AMX, AVX512-BF16) and "
+               "int8 (VNNI) whose outputs keep a cosine >= 0.999 to fp32's on a probe, else "
+               "fp32 (logged with the reason); on a GPU bf16 where supported. Or fp32, bf16, "
+               f"int8 (CPU: dynamically quantized linear layers) or fp16.{then}",
                choices=INFERENCE_PRECISIONS)
 
 

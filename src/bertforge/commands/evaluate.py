@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
-from bertforge.commands.base import Command
+from bertforge.commands.base import Command, precision_option
 from bertforge.core.io import json_text
-from bertforge.core.limits import INFERENCE_PRECISIONS
 from bertforge.core.schema import REQUIRED, check_fields, closest_key, flag, opt
 from bertforge.errors import ConfigError
 
@@ -60,13 +59,10 @@ class EvaluateConfig:
                               "finetune --task` takes (default: the model's own, from its "
                               "run's config.yaml, else config.json); with glue also "
                               "--data.task_name=NAME.")
-    precision: str = opt("fp32", "finetuned, retrieval, sts: the precision to evaluate the "
-                         "model in: fp32, bf16, int8 (CPU: dynamically quantized linear "
-                         "layers), fp16, or auto (on a CPU the fastest of bf16 and int8 its "
-                         "units run whose outputs keep a cosine >= 0.999 to fp32's on a probe, "
-                         "else fp32; on a GPU bf16). Other than fp32, the model is also "
-                         "evaluated at fp32, and the report holds both, their difference and "
-                         "each pass's seconds.", choices=INFERENCE_PRECISIONS)
+    precision: str = precision_option(
+        "finetuned, retrieval, sts: the precision to evaluate the model in (default fp32). ",
+        "fp32", " Other than fp32, the model is also evaluated at fp32, and the report holds "
+        "both, their difference and each pass's seconds.")
     split: str = opt("test", "retrieval: the qrels split to score (qrels/SPLIT.tsv).")
     batch_size: int = opt(64, "retrieval, sts: texts per forward pass (finetuned: "
                           "--eval.batch_size=N).", minimum=1)
@@ -199,24 +195,16 @@ def _finetuned(cfg: EvaluateConfig, precisions: list[str]) -> list[Pass]:
     as an evaluation-only `bertforge finetune` run evaluates it (nothing is written)."""
     import tempfile
 
-    from bertforge.config import FinetuneConfig, load_config
-    from bertforge.inference.predict import task_overrides
+    from bertforge.inference.predict import evaluation_config
     from bertforge.tasks.registry import build_task
     from bertforge.train.distributed import init_distributed
 
     model = Path(cfg.model)
     if not (model / "config.json").is_file():
         raise ConfigError(f"--model {model} is not a model directory (it has no config.json)")
-    # A `bertforge finetune` output holds its run's config: evaluate with the task and data
-    # settings (sequence length, doc stride, columns) the model was trained with.
-    run_config = model / "config.yaml"
-    base = run_config if run_config.is_file() else None
-    picked = [f"--task={cfg.task}"] if cfg.task else [] if base else task_overrides(model)
     with tempfile.TemporaryDirectory(prefix="bertforge-evaluate-") as scratch:
-        run = load_config(FinetuneConfig, base, [
-            *picked, f"--model={model}", "--data.train=null", f"--data.validation={cfg.data}",
-            "--data.validation_mismatched=null", "--data.max_eval_examples=null",
-            f"--output_dir={scratch}", *cfg.finetune_overrides])
+        run = evaluation_config(model, cfg.data, scratch, [
+            *([f"--task={cfg.task}"] if cfg.task else []), *cfg.finetune_overrides])
         task = build_task(run, init_distributed(None if cfg.device == "auto" else cfg.device))
         passes = []
         for precision in precisions:

@@ -16,9 +16,9 @@ words whose item takes at most ``seq_length`` tokens (one window for QA), then f
 so a batch is not one text repeated.
 
 Replicas: ``run_replicas`` starts one process per replica, each pinned to its own disjoint
-cores (``runtime.cpu.split_cores`` and ``pin_process``, as the server pins its replicas) with as many torch threads, all measuring at once (a barrier
-starts each phase together), as ``bertforge serve --replicas`` runs them. A replica of one is
-measured in this process, pinned the same way for the measurement and restored after.
+cores with as many torch threads (``runtime.cpu.split_cores`` and ``use_cores``, as the server
+pins its replicas), all measuring at once (a barrier starts each phase together). A replica of
+one is measured in this process, pinned the same way for the measurement and restored after.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 from bertforge.errors import ConfigError, RunError
 from bertforge.inference.pipelines.base import InputError, Pipeline
 from bertforge.inference.pipelines.numerics import PROBE
-from bertforge.runtime.cpu import core_ids, pin_process
+from bertforge.runtime.cpu import core_ids, use_cores
 
 WORDS: tuple[str, ...] = tuple(" ".join(t + (" " + p if p else "") for t, p in PROBE).split())
 """The words the inputs are made of, in order (about 190 of them, reused cyclically)."""
@@ -156,23 +156,14 @@ def measure(pipe: Pipeline, settings: BenchSettings,
     return Timings(single, batches, settings.batch_size, [pipe.cost(r) for r in requests])
 
 
-def _pin(cores: Sequence[int]) -> None:
-    """This process on ``cores`` with one torch thread per core, as a server replica runs
-    (``runtime.cpu.pin_process``: nothing is pinned where the platform cannot, and the thread
-    count still holds)."""
-    pin_process(cores)
-    torch.set_num_threads(len(cores))
-
-
 def measure_here(pipe: Pipeline, settings: BenchSettings, cores: Sequence[int]) -> Timings:
     """One replica in this process, pinned to ``cores`` for the measurement only."""
     before, threads = core_ids(), torch.get_num_threads()
-    _pin(cores)
+    use_cores(cores, len(cores))
     try:
         return measure(pipe, settings)
     finally:
-        pin_process(before)
-        torch.set_num_threads(threads)
+        use_cores(before, threads)
 
 
 def _replica(settings: BenchSettings, precision: str, cores: list[int], barrier: Any,
@@ -180,7 +171,7 @@ def _replica(settings: BenchSettings, precision: str, cores: list[int], barrier:
     """A worker process: pin, load, measure in step with the others, send the timings (or
     the error's one line; a broken barrier releases the others)."""
     try:
-        _pin(cores)
+        use_cores(cores, len(cores))  # one torch thread per core, as a server replica
         pipe = load(settings, precision)
         timings = measure(pipe, settings, lambda: barrier.wait(BARRIER_SECONDS))
         results.put((index, timings, None))

@@ -35,6 +35,24 @@ def task_overrides(model: Path) -> list[str]:
     return [f"--task={spec.name}"]
 
 
+def evaluation_config(model: Path, data: str | Path, output_dir: str | Path,
+                      overrides: Sequence[str] = (), values: Mapping[str, Any] | None = None
+                      ) -> FinetuneConfig:
+    """The config of an evaluation-only run of ``model`` on ``data`` (``bertforge predict
+    --data``, ``bertforge evaluate finetuned``). A `bertforge finetune` output holds its run's
+    config.yaml: the same task and data settings (sequence length, doc stride, columns) the
+    model was trained and evaluated with; else the task of config.json, unless ``overrides``
+    (``--key=value``) name one. ``values``: typed, nested settings, as ``load_config`` takes."""
+    run_config = model / "config.yaml"
+    base = run_config if run_config.is_file() else None
+    picked = [] if base or any(o.lstrip("-").startswith("task=") for o in overrides) else (
+        task_overrides(model))
+    return load_config(FinetuneConfig, base, [
+        *picked, f"--model={model}", "--data.train=null", f"--data.validation={data}",
+        "--data.validation_mismatched=null", "--data.max_eval_examples=null",
+        f"--output_dir={output_dir}", *overrides], values=values)
+
+
 def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str] = (),
                  values: Mapping[str, Any] | None = None) -> Path:
     """Predictions for ``data`` written atomically to ``output`` (SQuAD: id -> answer JSON;
@@ -45,18 +63,9 @@ def predict_file(model: Path, data: Path, output: Path, overrides: Sequence[str]
     if not data.is_file():
         raise ConfigError(f"--data {data} does not exist")
     check_output_file(output, "--output")
-    # A `bertforge finetune` output holds its run's config: predict with the same task and data
-    # settings (sequence length, doc stride, columns) the model was trained and evaluated with.
-    run_config = model / "config.yaml"
-    base = run_config if run_config.is_file() else None
-    picked = [] if base or any(o.lstrip("-").startswith("task=") for o in overrides) else (
-        task_overrides(model))
     scratch = Path(tempfile.mkdtemp(prefix=".predict-", dir=output.parent))
     try:
-        cfg = load_config(FinetuneConfig, base, [
-            *picked, f"--model={model}", "--data.train=null", f"--data.validation={data}",
-            "--data.validation_mismatched=null", "--data.max_eval_examples=null",
-            f"--output_dir={scratch}", *overrides], values=values)
+        cfg = evaluation_config(model, data, scratch, overrides, values)
         with distributed_run(cfg, "predict") as info:
             task = build_task(cfg, info, labelled=False)
             task.evaluate_only()  # unlabelled: writes the predictions to scratch, no scores

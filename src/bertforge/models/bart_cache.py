@@ -33,7 +33,7 @@ class LayerCache:
         self._v: torch.Tensor | None = None
         self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder targets
         self._cross: tuple[torch.Tensor, torch.Tensor] | None = None  # (N, heads, S, head_dim)
-        self._cross_source: tuple[torch.Tensor, int] | None = None  # (encoder states, version)
+        self._cross_source: tuple[torch.Tensor, int | None] | None = None  # (states, version)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the new tokens' keys and values (N, heads, T, head_dim); -> every key and value
@@ -82,10 +82,13 @@ class LayerCache:
         """Cross-attention keys and values of ``encoder_hidden`` (N, S, D), projected by
         ``project`` once per encoder tensor (and per in-place change of it)."""
         source = self._cross_source
+        # An inference tensor keeps no version counter (reading it raises): its identity alone
+        # tells, as nothing outside inference mode can change it in place.
+        version = None if encoder_hidden.is_inference() else encoder_hidden._version
         if (self._cross is None or source is None or source[0] is not encoder_hidden
-                or source[1] != encoder_hidden._version):
+                or source[1] != version):
             self._cross = project(encoder_hidden)
-            self._cross_source = (encoder_hidden, encoder_hidden._version)
+            self._cross_source = (encoder_hidden, version)
         return self._cross
 
 

@@ -163,6 +163,18 @@ def pin_process(ids: Sequence[int]) -> bool:
     return True
 
 
+def use_cores(ids: Sequence[int] | None, threads: int | None) -> None:
+    """This process on the cores ``ids`` (None: not pinned; :func:`pin_process`) with
+    ``threads`` torch intra-op threads (None: as they are): how a CPU replica of the server and
+    of ``bertforge bench inference`` runs."""
+    if ids is not None:
+        pin_process(ids)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def listed_cores(ids: Sequence[int]) -> str:
     """``ids`` as runs: ``"cores 0-3, 8"``."""
     runs: list[list[int]] = []
@@ -176,4 +188,5 @@ def listed_cores(ids: Sequence[int]) -> str:
 
 
 __all__ = ["BF16_UNITS", "CpuUnits", "EMULATION_VARIABLE", "INT8_UNITS", "core_ids",
-           "cpu_units", "emulated_units", "listed_cores", "pin_process", "split_cores"]
+           "cpu_units", "emulated_units", "listed_cores", "pin_process", "split_cores",
+           "use_cores"]

@@ -1,18 +1,19 @@
 """How the server runs its model: how many CPU threads a forward pass takes, and which
 batches run on their real tokens only.
 
-**Threads.** A forward pass of a small encoder does not scale across cores the way training steps do, and on
-a small machine the server's other work (the event loop's HTTP, the tokenizer thread) needs a
-core too: when torch's intra-op threads take every core, each parallel region of a pass waits
-for the thread the event loop displaced, and a pass can take ten times as long (measured on 2
-shared cores: docs/serving.md). :func:`model_threads` therefore leaves one core free unless told
-otherwise. That core is idle while a long batch computes, though: paragraphs on 2 quiet cores
-were served 1.3x to 1.5x faster with both (docs/serving.md). With automatic threads,
-:class:`ThreadChoice` therefore measures, per batch size, whether every core or every core but
-one runs faster, and keeps measuring, since the answer changes with the machine's load and
-with the server's own (the requests waiting while a batch runs: a server that runs one request
-at a time sees its load there alone). Replicas split the cores among themselves instead, each
-pinned to its own (``runtime.cpu.split_cores``, ``pin_process``; :mod:`bertforge.serve.replicas`).
+**Threads.** A forward pass of a small encoder does not scale across cores the way training
+steps do, and on a small machine the server's other work (the event loop's HTTP, the tokenizer
+thread) needs a core too: when torch's intra-op threads take every core, each parallel region
+of a pass waits for the thread the event loop displaced, and a pass can take ten times as long
+(measured on 2 shared cores: docs/serving.md). :func:`model_threads` therefore leaves one core
+free unless told otherwise. That core is idle while a long batch computes, though: paragraphs
+on 2 quiet cores were served 1.3x to 1.5x faster with both (docs/serving.md). With automatic
+threads, :class:`ThreadChoice` therefore measures, per batch size, whether every core or every
+core but one runs faster, and keeps measuring, since the answer changes with the machine's load
+and with the server's own (the requests waiting while a batch runs: a server that runs one
+request at a time sees its load there alone). Replicas split the cores among themselves
+instead, each pinned to its own (``runtime.cpu.split_cores`` and ``use_cores``;
+:mod:`bertforge.serve.replicas`).
 
 **Unpadded batches.** The PyTorch pipelines run their encoders on the real tokens of a batch
 (``unpad``, set when they load): a batch of questions and paragraphs of 40 to 380 tokens then
@@ -98,10 +99,10 @@ class ThreadChoice:
     of two, and each group keeps a mean of seconds per token for each count. A batching server
     shows its load mostly in its batches' items; one that runs a request at a time
     (``--max-batch-items 1``) shows it only in what waits, so without that its quiet and busy
-    spells would share one mean and each count be judged by the other's conditions. The first group runs
-    :attr:`MEASURE` batches with each count, alternating; every other group starts from the
-    means of the nearest group that has them (its neighbours by size scale alike), so that
-    measuring half its first batches with the slower count is paid once, not per size. A
+    spells would share one mean and each count be judged by the other's conditions. The first
+    group runs :attr:`MEASURE` batches with each count, alternating; every other group starts
+    from the means of the nearest group that has them (its neighbours by size scale alike), so
+    that measuring half its first batches with the slower count is paid once, not per size. A
     group then runs the faster count and probes the other so that a change of load (or a
     neighbour's wrong guess) is seen: once the time since that count last ran in the group is
     its expected batch time over :attr:`PROBE_SHARE`, once the time since the last probe of

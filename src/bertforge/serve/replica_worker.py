@@ -116,17 +116,12 @@ def take_cores(cores: list[int] | None, threads: int | None) -> None:
     run ``threads`` intra-op threads (torch's; ``OMP_NUM_THREADS`` for every OpenMP library
     loaded later), before any pool of threads exists, so that the pools start on those cores.
     Tokenizers' threads stay off: the server process tokenizes."""
-    if cores is not None:
-        from bertforge.runtime.cpu import pin_process
+    from bertforge.runtime.cpu import use_cores
 
-        pin_process(cores)
-    if threads is None:
-        return
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
-
-    torch.set_num_threads(threads)
+    if threads is not None:  # before torch loads OpenMP
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    use_cores(cores, threads)
 
 
 def replica_main(spec: ReplicaSpec, device: str, cores: list[int] | None, threads: int | None,
