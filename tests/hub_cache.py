@@ -30,3 +30,23 @@ def fill_cache(cache: Path, repo_id: str, source: Path, *, commit: str = COMMIT,
     for ref in refs:
         (repo / "refs" / ref).write_text(commit)
     return snapshot
+
+
+def fill_datasets_cache(cache: Path, repo_id: str, columns: dict[str, list]) -> None:
+    """Put a dataset of ``columns`` into the datasets cache ``cache`` (HF_DATASETS_CACHE) as
+    ``load_dataset(repo_id)`` leaves it after an online run: prepared by datasets' own Parquet
+    builder, in its layout ``ORG___NAME/default/0.0.0/HASH``, where ``load_dataset`` finds it
+    offline."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    source = cache.parent / f"download-{repo_id.replace('/', '--')}" / "train.parquet"
+    source.parent.mkdir(parents=True)
+    pq.write_table(pa.table(columns), source)
+    builder = Parquet(cache_dir=str(cache / "staging"), dataset_name=repo_id.split("/")[-1],
+                      data_files={"train": str(source)}, hash=COMMIT[:8])
+    builder.download_and_prepare()
+    target = cache / repo_id.replace("/", "___") / "default" / "0.0.0"
+    target.mkdir(parents=True)
+    Path(builder.cache_dir).rename(target / COMMIT[:8])

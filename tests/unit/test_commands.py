@@ -50,6 +50,9 @@ OLD_FLAGS = [
          "dupe_factor": 2, "validation_fraction": 0.0, "workers": 2, "seed": 7,
          "format": "hdf5", "overwrite": True, "input_format": "sentences",
          "text_field": "body"}),
+    ("prepare --input hf://acme/web --vocab v --output d --part 1/4", {
+        "input": ["hf://acme/web"], "part": "1/4", "merge": False}),
+    ("prepare --input a --vocab v --output d --merge", {"part": None, "merge": True}),
     ("inspect data/phase1", {"path": "data/phase1", "num": 3, "seed": 0}),
     ("inspect data/phase1 --num 2 --seed 5", {"num": 2, "seed": 5}),
     ("convert --checkpoint c.pt --config bert_config.json --output hf", {

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -69,8 +69,10 @@ def run_prepare(cfg: PrepareConfig) -> int:
 
     report = prepare_data(cfg)
     # Without the output path: the file lies in it, and two outputs of the same settings and
-    # inputs stay identical byte for byte (a resumed run is compared with a fresh one).
-    save_config(cfg, Path(cfg.output) / PREPARE_CONFIG_NAME, unset=["output"])
+    # inputs stay identical byte for byte (a resumed run is compared with a fresh one; a
+    # merged one with a single run: a part's goes in its folder, which the merge removes).
+    save_config(replace(cfg, merge=False), report.output / PREPARE_CONFIG_NAME,
+                unset=["output"])
     print(report.summary())
     return 0
 

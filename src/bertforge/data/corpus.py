@@ -1,4 +1,9 @@
-"""Streaming corpus reader: files, directories and globs in, ``Document`` objects out.
+"""Streaming corpus reader: files, directories, globs and datasets in, ``Document`` objects out.
+
+Inputs are text, JSON Lines and Wikipedia XML files (each optionally compressed: .gz .bz2 .xz
+.zst), Parquet files, Hugging Face ``save_to_disk`` folders and Hub names (``hf://...``,
+streamed; :mod:`bertforge.data.columns`). A JSON Lines record or a table row is one document,
+its ``text_field`` holding the text.
 
 Reading is cheap (I/O and line splitting only) so a single process can feed many workers;
 ``document_sentences`` does the costly part (markup removal, sentence segmentation) and is meant
@@ -11,38 +16,38 @@ does not exist at all is an error (``DataError``), because that is almost always
 
 from __future__ import annotations
 
-import bz2
 import glob
-import gzip
-import lzma
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 from xml.etree import ElementTree
 
-from bertforge.data.lines import DECOMPRESS_ERRORS, iter_lines
+from bertforge.data.columns import (HUB_PREFIX, MISSING, DatasetInput, SkipInput, dataset_rows,
+                                    hub_input, parquet_rows, saved_dataset)
+from bertforge.data.compression import COMPRESSORS, DECOMPRESS_ERRORS
+from bertforge.data.lines import iter_lines
 from bertforge.data.segment import split_sentences, wiki_to_paragraphs
 from bertforge.core.jsonfile import parse_json
 from bertforge.core.limits import INPUT_FORMATS as FORMATS
 from bertforge.errors import ConfigError, DataError
 
 __all__ = [
-    "Document", "ReadStats", "FORMATS", "expand_inputs", "iter_documents", "iter_corpus",
-    "document_sentences",
+    "Document", "Input", "ReadStats", "FORMATS", "expand_inputs", "input_key", "input_size",
+    "known_size",
+    "iter_documents", "iter_corpus", "document_sentences",
 ]
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", "")
 JSON_SUFFIXES = (".jsonl", ".json")
 XML_SUFFIXES = (".xml",)
-COMPRESSORS: dict[str, Callable[[IO[bytes]], IO[bytes]]] = {
-    ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
-    ".bz2": lambda raw: bz2.BZ2File(raw, mode="rb"),
-    ".xz": lambda raw: lzma.LZMAFile(raw, mode="rb"),
-}
+PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED = (
     "text (.txt .text .md .rst or no extension), JSON Lines (.jsonl .json), Wikipedia XML dump "
-    "(.xml), each optionally compressed (.gz .bz2 .xz)"
+    "(.xml), each optionally compressed (.gz .bz2 .xz .zst), Parquet (.parquet), a Hugging Face "
+    "save_to_disk folder or hf://ORG/NAME"
 )
+Input = Path | DatasetInput
+"""One input: a file, or a Hugging Face dataset (a save_to_disk folder or a Hub name)."""
 MAX_LINE_CHARS = 1_000_000  # longer text lines are cut into chunks of at most this many chars
 MAX_JSON_LINE_CHARS = 16_000_000  # a JSON record cannot be cut, so it gets a larger allowance
 MAX_DOC_CHARS = 20_000_000  # bounds memory when a file has no blank lines between documents
@@ -93,20 +98,25 @@ class ReadStats:
         return "\n".join(lines)
 
 
-def expand_inputs(patterns: Sequence[str | Path]) -> list[Path]:
-    """Files, directories (recursive, hidden entries skipped) and globs -> file paths.
+def expand_inputs(patterns: Sequence[str | Path]) -> list[Input]:
+    """Files, directories (recursive, hidden entries skipped), globs and datasets -> inputs.
 
-    Order follows ``patterns``; each pattern's matches are sorted so a run is reproducible, and
+    A Hugging Face ``save_to_disk`` folder (``DIR`` or ``DIR@SPLIT``, also met inside a
+    directory) and a Hub name (``hf://ORG/NAME[:CONFIG][@SPLIT]``) are one input each. Order
+    follows ``patterns``; each pattern's matches are sorted so a run is reproducible, and
     repeats are dropped. A path or glob that matches nothing raises ``DataError`` naming it.
     """
     if not patterns:
         raise DataError("no input given: pass at least one file, directory or glob (--input)")
-    found: list[Path] = []
+    found: list[Input] = []
     for pattern in patterns:
         text = str(pattern)
         path = Path(text)
-        if path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.is_file() and _visible(p, path))
+        dataset = hub_input(text) if text.startswith(HUB_PREFIX) else saved_dataset(text)
+        if dataset is not None:
+            matches: list[Input] = [dataset]
+        elif path.is_dir():
+            matches = _directory_inputs(path)
             if not matches:
                 raise DataError(f"input directory {text} contains no files")
         elif path.is_file():
@@ -121,6 +131,41 @@ def expand_inputs(patterns: Sequence[str | Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+def _directory_inputs(root: Path) -> list[Input]:
+    """The files below ``root`` in path order, a save_to_disk folder among them as one input."""
+    found: list[Input] = []
+    folders: list[Path] = []
+    for path in sorted(root.rglob("*")):  # a folder sorts before its contents
+        if not _visible(path, root) or any(f in path.parents for f in folders):
+            continue
+        if path.is_file():
+            found.append(path)
+        elif (dataset := saved_dataset(str(path))) is not None:
+            folders.append(path)
+            found.append(dataset)
+    return found
+
+
+def input_size(source: Input) -> int:
+    """Bytes on disk of an input (0 for a Hub name: not known)."""
+    return source.size() if isinstance(source, DatasetInput) else source.stat().st_size
+
+
+def known_size(sources: Sequence[Input]) -> int | None:
+    """Bytes on disk of all ``sources``, or None when one is a Hub name (not known ahead)."""
+    if any(isinstance(s, DatasetInput) and s.hub for s in sources):
+        return None
+    return sum(input_size(s) for s in sources)
+
+
+def input_key(source: Input) -> str:
+    """An input as a run's settings record it: a resolved path, or a Hub name."""
+    if isinstance(source, DatasetInput):
+        return str(source) if source.hub else str(
+            DatasetInput(str(Path(source.location).resolve()), False, split=source.split))
+    return str(source.resolve())
+
+
 def _visible(path: Path, root: Path) -> bool:
     """False inside hidden directories and for hidden files (.git, .DS_Store) below ``root``."""
     return not any(part.startswith(".") for part in path.relative_to(root).parts)
@@ -131,6 +176,8 @@ def _layout(path: Path, input_format: str) -> tuple[str | None, str, str]:
     suffix = path.suffix.lower()
     compression = suffix if suffix in COMPRESSORS else ""
     inner = Path(path.stem).suffix.lower() if compression else suffix
+    if inner in PARQUET_SUFFIXES:  # a binary format: whatever --input-format says
+        return ("parquet" if not compression else None), compression, inner
     if input_format in ("jsonl", "wiki"):
         return input_format, compression, inner
     if inner in JSON_SUFFIXES:
@@ -143,28 +190,33 @@ def _layout(path: Path, input_format: str) -> tuple[str | None, str, str]:
 
 
 def iter_documents(
-    path: Path,
+    path: Input,
     *,
     input_format: str = "auto",
     text_field: str = "text",
     warn: Callable[[str], None],
     stats: ReadStats | None = None,
 ) -> Iterator[Document]:
-    """Stream the documents of one file; problems go to ``warn`` and ``stats``.
+    """Stream the documents of one input; problems go to ``warn`` and ``stats``.
 
-    Raises only for an unknown ``input_format`` (``ConfigError``) or a missing path
-    (``DataError``). ``stats.input_bytes`` advances by the file's size, even when it is skipped.
+    Raises only for an unknown ``input_format`` (``ConfigError``), a missing path or a dataset
+    that cannot be opened (``DataError``). ``stats.input_bytes`` advances by the input's size,
+    even when it is skipped.
     """
     if input_format not in FORMATS:
         known = ", ".join(FORMATS)
         raise ConfigError(f"input format {input_format!r} is not known; use one of {known}")
     stats = stats if stats is not None else ReadStats()
-    path = Path(path)
-    if not path.is_file():
+    path = path if isinstance(path, DatasetInput) else Path(path)
+    if isinstance(path, Path) and not path.is_file():
         raise DataError(f"input {path} does not exist; check the path")
-    start, size = stats.input_bytes, path.stat().st_size
+    start, size = stats.input_bytes, input_size(path)
     try:
-        yield from _file_documents(path, input_format, text_field, warn, stats, start)
+        if isinstance(path, DatasetInput):
+            yield from _table_documents(path, lambda _: dataset_rows(path, text_field),
+                                        text_field, warn, stats, start, size)
+        else:
+            yield from _file_documents(path, input_format, text_field, warn, stats, start)
     finally:
         stats.input_bytes = start + size
 
@@ -181,11 +233,17 @@ def _file_documents(
     if layout is None:
         _skip(stats, warn, path, f"unknown extension {inner!r}; supported: {SUPPORTED}")
         return
+    if layout == "parquet":
+        yield from _table_documents(path, lambda notes: parquet_rows(path, text_field, notes),
+                                    text_field, warn, stats, start, path.stat().st_size)
+        return
+    notes = _FileWarnings(path, warn, stats)
     with open(path, "rb") as raw:
-        stream = COMPRESSORS[compression](raw) if compression else raw
+        stream = _open_stream(raw, compression, path)
         try:
             head, reason = stream.read(8192), ""
-            stream.seek(0)
+            raw.seek(0)  # from the start again (a zstd stream cannot seek back)
+            stream = _open_stream(raw, compression, path)
         except DECOMPRESS_ERRORS as exc:
             head, reason = b"", f"cannot decompress ({exc}); corrupt, or not really {compression}"
         if not reason and not head:
@@ -196,7 +254,6 @@ def _file_documents(
             _skip(stats, warn, path, reason)
             return
         stats.files_read += 1
-        notes = _FileWarnings(path, warn, stats)
         if layout == "wiki":
             docs = _wiki_documents(stream, path, notes, stats)
         elif layout == "jsonl":
@@ -208,6 +265,64 @@ def _file_documents(
             stats.input_bytes = start + raw.tell()
             yield doc
         notes.finish()
+
+
+def _open_stream(raw: IO[bytes], compression: str, path: Path) -> IO[bytes]:
+    """The decompressed stream of ``raw`` (itself when not compressed)."""
+    if not compression:
+        return raw
+    try:
+        return COMPRESSORS[compression](raw)
+    except ModuleNotFoundError as exc:  # .zst without the zstandard package
+        raise DataError(f"{path}: {exc}") from None
+
+
+def _table_documents(
+    source: Input,
+    rows: Callable[[_FileWarnings], Iterator[tuple[str, object, float | None]]],
+    text_field: str,
+    warn: Callable[[str], None],
+    stats: ReadStats,
+    start: int,
+    size: int,
+) -> Iterator[Document]:
+    """One document per row of a table (``columns``' readers); ``stats.input_bytes`` follows
+    the rows read (a size not known stays at ``start``)."""
+    notes = _FileWarnings(source, warn, stats)
+    try:
+        rows_read = rows(notes)
+        for place, value, done in rows_read:
+            if done is not None:
+                stats.input_bytes = start + int(size * done)
+            doc = _record_document(value, place, text_field, notes, stats, "row")
+            if doc is not None:
+                stats.documents += 1
+                yield doc
+    except SkipInput as exc:
+        _skip(stats, warn, source, str(exc))
+        return
+    stats.files_read += 1
+    notes.finish()
+
+
+def _record_document(value: object, place: str, text_field: str, notes: _FileWarnings,
+                     stats: ReadStats, unit: str) -> Document | None:
+    """The document of one record's text field (``unit``: a JSON Lines "line", a table "row",
+    whose text bytes are counted here), or None with a note when the field is missing or not
+    text, or is nothing but whitespace."""
+    if not isinstance(value, str):
+        what = ("is missing" if value is MISSING else "is null" if value is None
+                else "is not a string")
+        notes(f"{place}: field {text_field!r} {what}; {unit} skipped (choose the field with "
+              "--text-field)", kind="missing field")
+        return None
+    if unit == "row":
+        stats.text_bytes += len(value) if value.isascii() else len(value.encode("utf-8"))
+    lines = [s for s in (part.strip() for part in value.splitlines()) if s]
+    if not lines:
+        stats.empty_documents += 1
+        return None
+    return Document(place, "paragraphs", lines)
 
 
 def iter_corpus(
@@ -237,7 +352,7 @@ def document_sentences(doc: Document) -> list[str]:
     raise ValueError(f"unknown document kind {doc.kind!r} from {doc.source}")
 
 
-def _skip(stats: ReadStats, warn: Callable[[str], None], path: Path, reason: str) -> None:
+def _skip(stats: ReadStats, warn: Callable[[str], None], path: Input, reason: str) -> None:
     stats.skipped.append((str(path), reason))
     stats.warnings += 1
     warn(f"skipping {path}: {reason}")
@@ -246,7 +361,7 @@ def _skip(stats: ReadStats, warn: Callable[[str], None], path: Path, reason: str
 class _FileWarnings:
     """Per-file warning sink that caps repeated line-level warnings of one kind."""
 
-    def __init__(self, path: Path, warn: Callable[[str], None], stats: ReadStats) -> None:
+    def __init__(self, path: Input, warn: Callable[[str], None], stats: ReadStats) -> None:
         self.path, self.warn, self.stats = path, warn, stats
         self.counts: dict[str, int] = {}
 
@@ -311,21 +426,11 @@ def _jsonl_documents(
         except DataError as exc:
             notes(f"{exc}; line skipped", kind="bad JSON")
             continue
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            present = isinstance(record, dict) and text_field in record
-            notes(
-                f"{path}:{lineno}: field {text_field!r} "
-                f"{'is not a string' if present else 'is missing'}; line skipped "
-                "(choose the field with --text-field)",
-                kind="missing field",
-            )
-            continue
-        lines = [s for s in (part.strip() for part in text.splitlines()) if s]
-        if not lines:
-            stats.empty_documents += 1
-            continue
-        yield Document(f"{path}:{lineno}", "paragraphs", lines)
+        value = record.get(text_field, MISSING) if isinstance(record, dict) else MISSING
+        # iter_lines counted the line's bytes
+        doc = _record_document(value, f"{path}:{lineno}", text_field, notes, stats, "line")
+        if doc is not None:
+            yield doc
 
 
 def _local(tag: str) -> str:

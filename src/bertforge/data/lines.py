@@ -10,14 +10,12 @@ or a lone CR, so files from Windows and classic Mac OS read like Unix ones. Prob
 
 from __future__ import annotations
 
-import lzma
-import zlib
 from itertools import chain
 from pathlib import Path
 from typing import IO, Iterator, Protocol
 
-# What reading a damaged .gz/.bz2/.xz stream can raise part-way through.
-DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
+from bertforge.data.compression import DECOMPRESS_ERRORS
+
 BLOCK = 1 << 14  # bytes per read; when a compressed file is cut short, the failed read is lost
 BREAKS = (b"\n", b"\r")  # the last byte of a line break: LF, CRLF or a lone CR
 

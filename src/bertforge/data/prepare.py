@@ -19,6 +19,10 @@ chunks whose shards exist (resume). ``manifest.json`` is written last.
 Stopping: Ctrl-C, SIGTERM or SIGUSR1 reach the main process only (workers ignore them); it drops
 the queued chunks, lets the running ones finish, removes temporary files and keeps every finished
 shard. Workers end by themselves when the main process is gone, even after SIGKILL.
+
+Across machines (:mod:`bertforge.data.prepare_parts`): ``--part I/N`` builds the chunks whose
+index is I modulo N into ``OUTPUT/parts/I-of-N``; ``--merge`` joins the N parts into the output
+a single run writes (:func:`_merge`).
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from bertforge.data import native, native_writer
+from bertforge.data import prepare_parts as parts
 from bertforge.data import prepare_worker as worker
-from bertforge.data.prepare_config import PrepareConfig
+from bertforge.data.prepare_config import PrepareConfig, parse_part
 from bertforge.data.prepare_report import (  # noqa: F401 (the estimate's constants, re-exported)
     BYTES_PER_TOKEN, TOKENS_PER_SENTENCE, PrepareReport, estimate_bytes as _estimate_bytes,
     human as _human)
@@ -80,7 +85,7 @@ def prepare(inputs: Sequence[str | Path] | str | Path, vocab: str | Path, output
 class _Sources:
     """The read stage's result: the input files, their size and the tokenizer."""
 
-    files: list[Path]
+    files: list[Any]  # corpus.Input: files and datasets
     input_bytes: int
     tokenizer: Any
 
@@ -90,6 +95,7 @@ class _Shards:
     """The shard stage's result: one entry per chunk, in input order, and what was skipped."""
 
     results: list[dict[str, Any]] = field(default_factory=list)
+    chunks: int = 0  # of the whole input (a part builds some of them)
     resumed: int = 0
     warnings: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -104,27 +110,79 @@ def prepare_data(cfg: PrepareConfig, *, progress: bool = True) -> PrepareReport:
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
     sources = _open_inputs(cfg)
     settings = _settings(cfg, sources)
-    fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    fingerprint = _fingerprint(settings)
     output = Path(cfg.output)
     if output.exists() and not output.is_dir():
         raise DataError(f"--output {output}: exists and is not a directory; choose another path")
-    with output_lock(output, "--output", "bertforge prepare"):  # one writer at a time
-        _claim_output(output, settings, fingerprint, cfg.overwrite)
-        sources.tokenizer.save(output / TOKENIZER_DIR)
-        estimate = _estimate_bytes(sources.input_bytes, settings)
-        say(f"prepare: {len(sources.files)} input file(s), {_human(sources.input_bytes)}; "
-            f"estimated output ~{_human(estimate)} ({cfg.format}) in {output}")
-        shards = _write_shards(cfg, sources, settings, progress=progress, say=say)
-        manifest = _write_manifest(cfg, settings, fingerprint, shards)
+    if cfg.merge:
+        return _merge(cfg, sources, settings, fingerprint, started)
+    part = parse_part(cfg.part) if cfg.part else None
+    root = parts.part_dir(output, part) if part else output
+    # A part's own settings name it: its folder resumes only the same part.
+    own = {**settings, "part": list(part)} if part else settings
+    root.mkdir(parents=True, exist_ok=True)
+    with output_lock(root, "--output", "bertforge prepare"):  # one writer at a time
+        _claim_output(root, own, _fingerprint(own), cfg.overwrite)
+        sources.tokenizer.save(root / TOKENIZER_DIR)
+        estimate = _estimate_bytes(sources.input_bytes, settings) // (part[1] if part else 1)
+        size = (f"{_human(sources.input_bytes)}; estimated output ~{_human(estimate)}"
+                if sources.input_bytes else "size not known (streamed)")
+        say(f"prepare{f' part {part[0]}/{part[1]}' if part else ''}: {len(sources.files)} "
+            f"input(s), {size} ({cfg.format}) in {root}")
+        shards = _write_shards(cfg, sources, settings, root, part, progress=progress, say=say)
+        if part:
+            _require_chunks(cfg, shards)
+            parts.write_part_record(root, part, fingerprint, shards.chunks,
+                                    [r["index"] for r in shards.results])
+            manifest = _build_manifest(cfg, settings, fingerprint, shards)
+        else:
+            manifest = _write_manifest(cfg, settings, fingerprint, shards)
+    return _report(cfg, root, manifest, shards, sources.input_bytes, estimate, started)
+
+
+def _fingerprint(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def _report(cfg: PrepareConfig, root: Path, manifest: dict[str, Any], shards: _Shards,
+            input_bytes: int, estimate: int, started: float) -> PrepareReport:
     return PrepareReport(
-        output=output, fmt=cfg.format, objective=cfg.objective, totals=manifest["counts"],
+        output=root, fmt=cfg.format, objective=cfg.objective, totals=manifest["counts"],
         splits={s: {k: manifest["splits"][s][k] for k in ("documents", "instances", "tokens")}
-                for s in _splits(cfg)},
-        chunks=len(shards.results), resumed_chunks=shards.resumed,
-        input_bytes=sources.input_bytes, estimated_bytes=estimate,
-        output_bytes=sum(p.stat().st_size for p in output.rglob("*") if p.is_file()),
+                for s in _splits(cfg) if s in manifest["splits"]},
+        chunks=len(shards.results), resumed_chunks=shards.resumed, input_bytes=input_bytes,
+        estimated_bytes=estimate,
+        output_bytes=sum(p.stat().st_size for p in root.rglob("*") if p.is_file()),
         seconds=time.perf_counter() - started, skipped_inputs=shards.skipped,
         warnings=shards.warnings)
+
+
+def _merge(cfg: PrepareConfig, sources: _Sources, settings: dict[str, Any], fingerprint: str,
+           started: float) -> PrepareReport:
+    """``--merge``: the finished parts' shards moved into the output, with the manifest a
+    single run writes (re-run after an interruption, it finishes the moves)."""
+    output = Path(cfg.output)
+    if not (output / parts.PARTS_DIR).is_dir() and (output / native.MANIFEST_NAME).is_file():
+        done = read_json_object(output / SETTINGS_NAME).get("fingerprint") == fingerprint
+        if done:  # merged before: the same result again
+            raise DataError(f"--merge: {output} is merged already (its manifest.json is "
+                            "complete); nothing to do")
+    with output_lock(output, "--output", "bertforge prepare"):
+        found = parts.finished_parts(output, fingerprint)
+        _claim_output(output, settings, fingerprint, cfg.overwrite, keep=parts.PARTS_DIR)
+        sources.tokenizer.save(output / TOKENIZER_DIR)
+        shards = _Shards(chunks=found[0][1]["chunks"])
+        for folder, record in found:
+            for index in record["indices"]:
+                for split in _splits(cfg):
+                    name = worker.shard_name(split, index, cfg.format)
+                    parts.move_shard(folder / name, output / name)
+                shards.results.append({"index": index, "splits": _finished_chunk(
+                    output, _splits(cfg), index, cfg.format)})
+        shards.results.sort(key=lambda r: r["index"])
+        manifest = _write_manifest(cfg, settings, fingerprint, shards)
+        shutil.rmtree(output / parts.PARTS_DIR)
+    return _report(cfg, output, manifest, shards, sources.input_bytes, 0, started)
 
 
 def _splits(cfg: PrepareConfig) -> list[str]:
@@ -133,15 +191,17 @@ def _splits(cfg: PrepareConfig) -> list[str]:
 
 def _open_inputs(cfg: PrepareConfig) -> _Sources:
     """Stage 1, read: the input files (expanded, checked to exist) and the tokenizer."""
-    from bertforge.data.corpus import expand_inputs
+    from bertforge.data.corpus import expand_inputs, input_size
 
     files = expand_inputs(list(cfg.input))
     tokenizer = load_tokenizer(cfg.vocab)
-    return _Sources(files, sum(f.stat().st_size for f in files), tokenizer)
+    return _Sources(files, sum(input_size(f) for f in files), tokenizer)
 
 
 def _settings(cfg: PrepareConfig, sources: _Sources) -> dict[str, Any]:
     """Everything the output depends on (its fingerprint decides whether a re-run resumes)."""
+    from bertforge.data.corpus import input_key, input_size
+
     tokenizer, fmt = sources.tokenizer, cfg.format
     vocab_size = int(tokenizer.vocab_size)
     return {
@@ -159,23 +219,26 @@ def _settings(cfg: PrepareConfig, sources: _Sources) -> dict[str, Any]:
         "docs_per_shard": cfg.docs_per_shard, "chunk_bytes": cfg.chunk_bytes,
         "length_bin_width": cfg.length_bin_width,
         "token_dtype": native_writer.token_dtype(vocab_size).str,
-        "inputs": [[str(f.resolve()), f.stat().st_size] for f in sources.files],
+        "inputs": [[input_key(f), input_size(f)] for f in sources.files],
     }
 
 
-def _write_shards(cfg: PrepareConfig, sources: _Sources, settings: dict[str, Any], *,
-                  progress: bool, say: Any) -> _Shards:
-    """Stage 2, the chunks: each is segmented, tokenized, split, turned into instances and
-    written as shards by a worker (``prepare_worker.process_chunk``); a chunk an earlier run
-    finished is read back instead. Stopping keeps every finished shard."""
-    output, splits = Path(cfg.output), _splits(cfg)
+def _write_shards(cfg: PrepareConfig, sources: _Sources, settings: dict[str, Any], output: Path,
+                  part: tuple[int, int] | None, *, progress: bool, say: Any) -> _Shards:
+    """Stage 2, the chunks (``part``'s only, when given): each is segmented, tokenized, split,
+    turned into instances and written as shards in ``output`` by a worker
+    (``prepare_worker.process_chunk``); a chunk an earlier run finished is read back instead.
+    Stopping keeps every finished shard."""
+    splits = _splits(cfg)
     job = {**settings, "vocab_path": str(cfg.vocab), "splits": splits, "root": str(output)}
     shards = _Shards()
-    bar = _progress_bar(sources.input_bytes, progress)
+    from bertforge.data.corpus import known_size
+
+    bar = _progress_bar(known_size(sources.files), progress)
     pool = _pool(cfg.workers, job, sources.tokenizer)
     stop: BaseException | None = None  # the KeyboardInterrupt or Stopped that ends the run early
     try:
-        _run_chunks(cfg, sources, pool, bar, shards)
+        _run_chunks(cfg, sources, output, part, pool, bar, shards)
     except (KeyboardInterrupt, Stopped) as e:
         stop = e
         raise
@@ -197,15 +260,19 @@ def _write_shards(cfg: PrepareConfig, sources: _Sources, settings: dict[str, Any
     return shards
 
 
-def _run_chunks(cfg: PrepareConfig, sources: _Sources, pool: ProcessPoolExecutor | None,
-                bar: Any, shards: _Shards) -> None:
-    """Submit the chunks in input order and harvest them in the same order, with at most
-    2 x workers in flight so memory stays flat."""
-    output, splits = Path(cfg.output), _splits(cfg)
+def _run_chunks(cfg: PrepareConfig, sources: _Sources, output: Path, part: tuple[int, int] | None,
+                pool: ProcessPoolExecutor | None, bar: Any, shards: _Shards) -> None:
+    """Submit the chunks (``part``'s) in input order and harvest them in the same order, with
+    at most 2 x workers in flight so memory stays flat."""
+    splits = _splits(cfg)
     limit = 2 * cfg.workers if pool else 0
     pending: list[tuple[Future | None, dict[str, Any]]] = []
     for task in _chunks(sources.files, cfg.input_format, cfg.text_field, cfg.docs_per_shard,
                         cfg.chunk_bytes, shards.warnings, shards.skipped):
+        shards.chunks += 1
+        if not parts.mine(task["index"], part):
+            bar.update(task["bytes"])  # another part's: read, not built
+            continue
         done = _finished_chunk(output, splits, task["index"], cfg.format)
         if done is not None:
             shards.resumed += 1
@@ -225,16 +292,9 @@ def _run_chunks(cfg: PrepareConfig, sources: _Sources, pool: ProcessPoolExecutor
 def _write_manifest(cfg: PrepareConfig, settings: dict[str, Any], fingerprint: str,
                     shards: _Shards) -> dict[str, Any]:
     """Stage 3: the manifest, written last (its presence marks a finished output)."""
-    inputs = ", ".join(cfg.input)
-    if not shards.results:
-        raise DataError(f"no documents found in {inputs} (input format {cfg.input_format!r}); "
-                        "check --input and --input-format"
-                        + "".join(f"; skipped {s}" for s in shards.skipped[:5]))
-    shard_names = {r["index"]: {s: worker.shard_name(s, r["index"], cfg.format)
-                                for s in _splits(cfg)} for r in shards.results}
-    manifest = native_writer.build_manifest(settings, fingerprint, shards.results, shard_names,
-                                            TOKENIZER_DIR)
-    totals = manifest["counts"]
+    _require_chunks(cfg, shards)
+    manifest = _build_manifest(cfg, settings, fingerprint, shards)
+    inputs, totals = ", ".join(cfg.input), manifest["counts"]
     if totals["instances"] == 0:
         raise DataError(
             f"{totals['documents']} document(s) read from {inputs} but no instance could be "
@@ -244,13 +304,31 @@ def _write_manifest(cfg: PrepareConfig, settings: dict[str, Any], fingerprint: s
     return manifest
 
 
+def _require_chunks(cfg: PrepareConfig, shards: _Shards) -> None:
+    """``DataError`` when the inputs held no document at all."""
+    if not shards.chunks:
+        raise DataError(f"no documents found in {', '.join(cfg.input)} (input format "
+                        f"{cfg.input_format!r}); check --input and --input-format"
+                        + "".join(f"; skipped {s}" for s in shards.skipped[:5]))
+
+
+def _build_manifest(cfg: PrepareConfig, settings: dict[str, Any], fingerprint: str,
+                    shards: _Shards) -> dict[str, Any]:
+    shard_names = {r["index"]: {s: worker.shard_name(s, r["index"], cfg.format)
+                                for s in _splits(cfg)} for r in shards.results}
+    return native_writer.build_manifest(settings, fingerprint, shards.results, shard_names,
+                                        TOKENIZER_DIR)
+
+
 def _special_ids(tok: Any) -> dict[str, int]:
     # Every tokenizer class refuses a vocabulary without all five, so every id exists here.
     return {name: int(getattr(tok, f"{name}_id")) for name in ("pad", "unk", "cls", "sep", "mask")}
 
 
-def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: bool) -> None:
-    """Create ``output``, or check that it holds an earlier run with the very same settings."""
+def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: bool,
+                  keep: str = "") -> None:
+    """Create ``output``, or check that it holds an earlier run with the very same settings
+    (``keep``: a name prepare may find there besides its own: the parts being merged)."""
     settings_file = output / SETTINGS_NAME
     if settings_file.is_file():
         try:
@@ -266,7 +344,7 @@ def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: boo
                 (output / name).unlink(missing_ok=True)
             for name in ("train", "validation", TOKENIZER_DIR):
                 shutil.rmtree(output / name, ignore_errors=True)
-    elif any(p.name != LOCK_NAME for p in output.iterdir()):
+    elif any(p.name not in (LOCK_NAME, keep) for p in output.iterdir()):
         # Never delete what prepare did not write, even with --overwrite.
         raise DataError(f"--output {output}: directory is not empty and was not written by "
                         "`bertforge prepare`; choose a new or empty --output")
@@ -277,19 +355,19 @@ def _claim_output(output: Path, settings: dict, fingerprint: str, overwrite: boo
     native_writer.remove_temp_files(output, ["train", "validation"])
 
 
-def _chunks(files: list[Path], input_format: str, text_field: str, docs_per_shard: int,
+def _chunks(files: list[Any], input_format: str, text_field: str, docs_per_shard: int,
             chunk_bytes: int, warnings: list[str], skipped: list[str]) -> Iterator[dict[str, Any]]:
     """Documents of all files, in order, grouped into tasks ``{index, docs, bytes}``.
 
     A chunk closes after ``docs_per_shard`` documents or ``chunk_bytes`` characters of text
     (a property of the input alone); ``bytes`` is the on-disk input it consumed, for progress.
     """
-    from bertforge.data.corpus import ReadStats, iter_documents
+    from bertforge.data.corpus import ReadStats, input_size, iter_documents
 
     docs: list = []
     text, index, files_done, reported = 0, 0, 0, 0
     for path in files:
-        def warn(message: str, path: Path = path) -> None:
+        def warn(message: str, path: Any = path) -> None:
             warnings.append(message if str(path) in message else f"{path}: {message}")
 
         stats = ReadStats()
@@ -301,7 +379,7 @@ def _chunks(files: list[Path], input_format: str, text_field: str, docs_per_shar
                 position = files_done + stats.input_bytes
                 yield {"index": index, "docs": docs, "bytes": position - reported}
                 index, docs, text, reported = index + 1, [], 0, position
-        files_done += path.stat().st_size
+        files_done += input_size(path)
         skipped += [f"{p}: {reason}" for p, reason in stats.skipped]
         if stats.documents == 0 and not stats.skipped:
             skipped.append(f"{path}: no documents (nothing matched --input-format {input_format})")
@@ -369,7 +447,7 @@ def _harvest(fut: Future | None, task: dict[str, Any], bar: Any) -> dict[str, An
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def _progress_bar(total: int, enabled: bool) -> Any:
+def _progress_bar(total: int | None, enabled: bool) -> Any:
     from bertforge.core.progress import progress_bar
 
     bar = progress_bar(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare",

@@ -8,8 +8,9 @@ and the instance builder check against too.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import List
+from typing import List, Mapping, Optional
 
 from bertforge.core import limits
 from bertforge.core.limits import INPUT_FORMATS, OBJECTIVES
@@ -24,8 +25,12 @@ class CorpusInput:
     """Where a corpus is and how to read it."""
 
     input: List[str] = opt(REQUIRED, "Files, directories (read recursively) or globs; "
-                           ".gz/.bz2/.xz are read transparently.", metavar="PATH")
-    text_field: str = opt("text", "JSON Lines only: the field holding each document's text.")
+                           ".gz/.bz2/.xz/.zst are read transparently; Parquet files; a Hugging "
+                           "Face save_to_disk folder (DIR or DIR@SPLIT) or Hub dataset "
+                           "(hf://ORG/NAME[:CONFIG][@SPLIT], streamed; the local cache when "
+                           "offline).", metavar="PATH")
+    text_field: str = opt("text", "JSON Lines, Parquet and datasets: the field (column) holding "
+                          "each document's text.")
     input_format: str = opt("auto", "auto: by extension (.txt/.md: a blank line ends a document "
                             "and each line is split into sentences; .jsonl: JSON Lines; .xml: "
                             "Wikipedia dump). sentences: one sentence per line. paragraphs: "
@@ -64,6 +69,12 @@ class PrepareConfig(CorpusInput):
                            minimum=1)
     length_bin_width: int = opt(32, "Width in tokens of the length bins recorded in the native "
                                 "shards (the loader's bin_by_length).", minimum=1)
+    part: Optional[str] = opt(None, "I/N: prepare part I (0..N-1) of N, a deterministic share "
+                              "of the chunks, into OUTPUT/parts/I-of-N (one machine each); "
+                              "'env': I and N from SLURM (array task, else task) or torchrun "
+                              "(RANK, WORLD_SIZE). Then --merge.")
+    merge: bool = opt(False, "Join the finished parts in OUTPUT/parts into OUTPUT, the same "
+                      "dataset one run without --part makes (run with the parts' settings).")
 
     def __post_init__(self) -> None:
         if isinstance(self.input, str):
@@ -95,15 +106,44 @@ class PrepareConfig(CorpusInput):
             ("docs_per_shard", self.docs_per_shard >= 1, "must be >= 1"),
             ("chunk_bytes", self.chunk_bytes >= 1, "must be >= 1"),
             ("length_bin_width", self.length_bin_width >= 1, "must be >= 1"),
+            ("--merge", not (self.merge and self.part), "joins the parts: give it without "
+             "--part"),
         ]
         for name, ok, what in checks:
             if not ok:
                 raise ConfigError(f"{name}: {what}")
         check_fields(self)
+        if self.part is not None:
+            parse_part(self.part)
+
+
+ENV_PARTS = (("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"), ("SLURM_PROCID", "SLURM_NTASKS"),
+             ("RANK", "WORLD_SIZE"))
+"""Where ``--part env`` finds (I, N), in this order (a SLURM array task's id counts from
+SLURM_ARRAY_TASK_MIN)."""
+
+
+def parse_part(text: str, environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``--part``: ``"I/N"`` or ``"env"`` -> (I, N) with 0 <= I < N; ``ConfigError`` else."""
+    environ = os.environ if environ is None else environ
+    if text == "env":
+        for index, count in ENV_PARTS:
+            if index in environ and count in environ:
+                low = int(environ.get("SLURM_ARRAY_TASK_MIN", "0")) if index.startswith(
+                    "SLURM_ARRAY") else 0
+                return parse_part(f"{int(environ[index]) - low}/{environ[count]}", {})
+        names = ", ".join("/".join(pair) for pair in ENV_PARTS)
+        raise ConfigError(f"--part env: none of {names} is set; give --part I/N")
+    index, _, count = text.partition("/")
+    if not (index.strip().isdigit() and count.strip().isdigit()
+            and 0 <= int(index) < int(count)):
+        raise ConfigError(f"--part {text}: give I/N with 0 <= I < N (e.g. 0/4 ... 3/4), or env")
+    return int(index), int(count)
 
 
 def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-__all__ = ["CorpusInput", "FORMATS", "INPUT_FORMATS", "OBJECTIVES", "PrepareConfig"]
+__all__ = ["CorpusInput", "ENV_PARTS", "FORMATS", "INPUT_FORMATS", "OBJECTIVES", "PrepareConfig",
+           "parse_part"]

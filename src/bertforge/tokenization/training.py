@@ -27,8 +27,8 @@ from bertforge.tokenization.base import tokenizer_json_tokens
 from bertforge.tokenization.bpe import (BPE_SPECIAL_TOKENS, BpeTokenizer, parse_bpe_tokenizer_json,
                                         parse_merges)
 from bertforge.tokenization.modern import MODERN_SPECIAL_TOKENS, ModernBpeTokenizer
-from bertforge.data.corpus import (FORMATS, ReadStats, document_sentences, expand_inputs,
-                                   iter_documents)
+from bertforge.data.corpus import (FORMATS, Input, ReadStats, document_sentences,
+                                   expand_inputs, iter_documents, known_size)
 from bertforge.errors import ConfigError, DataError
 from bertforge.tokenization.wordpiece import (SPECIAL_TOKENS, BertTokenizer, _bert_normalizer,
                                               _wordpiece)
@@ -131,7 +131,7 @@ def _check_input_format(input_format: str) -> None:
 
 
 def _corpus_batches(
-    paths: Sequence[Path],
+    paths: Sequence[Input],
     *,
     input_format: str,
     text_field: str,
@@ -146,7 +146,7 @@ def _corpus_batches(
     Wiki markup must go first; plain text needs no segmenting. A byte progress bar (``desc``)
     follows the reading; problems go to ``warn`` and are counted in ``stats``.
     """
-    total = sum(p.stat().st_size for p in paths)
+    total = known_size(paths)  # None: a Hub dataset, whose size is not known
     bar = progress_bar(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress)
     batch: list[str] = []
     for path in paths:

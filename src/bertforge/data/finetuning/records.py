@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.core.jsonfile import parse_json
+from bertforge.data.columns import PARQUET_HINT
 from bertforge.data.finetuning.tables import SUPPORTED, delimited_records, table_format
 from bertforge.errors import DataError, os_error_text
 
 Record = tuple[int, dict[str, Any]]
 STREAM_SUPPORTED = f"{SUPPORTED}, or Parquet (.parquet)"
-PARQUET_HINT = "install it with `pip install bertforge[parquet]` (or `pip install pyarrow`)"
 
 
 def record_format(path: Path) -> str:
