@@ -230,3 +230,18 @@ def test_iter_corpus_mixes_every_form(tmp_path: Path) -> None:
     warnings: list[str] = []
     docs = list(iter_corpus([tmp_path], warn=warnings.append))
     assert [d.lines[0] for d in docs] == [TEXTS[0], "Second doc.", TEXTS[2]] and not warnings
+
+
+def test_vocab_from_parquet_equals_vocab_from_jsonl(tmp_path: Path) -> None:
+    from bertforge.tokenization.training import train_wordpiece
+
+    texts = [f"{t} Word{i % 7} appears here, again and again." for i, t in
+             enumerate(TEXTS * 20)]
+    (tmp_path / "a.jsonl").write_bytes(jsonl(texts))
+    pq.write_table(pa.table({"text": texts}), tmp_path / "a.parquet", row_group_size=16)
+    for name in ("a.jsonl", "a.parquet"):
+        train_wordpiece([tmp_path / name], vocab_size=120,
+                        output=tmp_path / f"{name}-vocab" / "vocab.txt", progress=False)
+    want = (tmp_path / "a.jsonl-vocab" / "vocab.txt").read_text()
+    assert (tmp_path / "a.parquet-vocab" / "vocab.txt").read_text() == want
+    assert len(want.split()) > 60
