@@ -101,6 +101,9 @@ def test_parts_merge_into_the_single_run_file_for_file(corpus: dict, tmp_path: P
     merged = prepare([corpus["jsonl"]], corpus["vocab"], out, merge=True, **SETTINGS)
     assert merged.totals == single.totals and not (out / "parts").exists()
     assert digests(out) == digests(single.output)  # manifest, settings, shards, tokenizer
+    with pytest.raises(DataError, match=r"--merge: .*multi is merged already \(its "
+                                        r"manifest\.json is complete\); nothing to do"):
+        prepare([corpus["jsonl"]], corpus["vocab"], out, merge=True, **SETTINGS)
 
 
 def test_more_parts_than_chunks_and_a_resumed_merge(corpus: dict, tmp_path: Path,

@@ -33,8 +33,7 @@ from bertforge.errors import ConfigError, DataError
 
 __all__ = [
     "Document", "Input", "ReadStats", "FORMATS", "expand_inputs", "input_key", "input_size",
-    "known_size",
-    "iter_documents", "iter_corpus", "document_sentences",
+    "known_size", "iter_documents", "iter_corpus", "document_sentences",
 ]
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", "")
@@ -290,8 +289,7 @@ def _table_documents(
     the rows read (a size not known stays at ``start``)."""
     notes = _FileWarnings(source, warn, stats)
     try:
-        rows_read = rows(notes)
-        for place, value, done in rows_read:
+        for place, value, done in rows(notes):
             if done is not None:
                 stats.input_bytes = start + int(size * done)
             doc = _record_document(value, place, text_field, notes, stats, "row")

@@ -161,12 +161,12 @@ def _merge(cfg: PrepareConfig, sources: _Sources, settings: dict[str, Any], fing
            started: float) -> PrepareReport:
     """``--merge``: the finished parts' shards moved into the output, with the manifest a
     single run writes (re-run after an interruption, it finishes the moves)."""
-    output = Path(cfg.output)
-    if not (output / parts.PARTS_DIR).is_dir() and (output / native.MANIFEST_NAME).is_file():
-        done = read_json_object(output / SETTINGS_NAME).get("fingerprint") == fingerprint
-        if done:  # merged before: the same result again
-            raise DataError(f"--merge: {output} is merged already (its manifest.json is "
-                            "complete); nothing to do")
+    output, settings_file = Path(cfg.output), Path(cfg.output) / SETTINGS_NAME
+    if (not (output / parts.PARTS_DIR).is_dir() and (output / native.MANIFEST_NAME).is_file()
+            and settings_file.is_file()
+            and read_json_object(settings_file).get("fingerprint") == fingerprint):
+        raise DataError(f"--merge: {output} is merged already (its manifest.json is complete); "
+                        "nothing to do")
     with output_lock(output, "--output", "bertforge prepare"):
         found = parts.finished_parts(output, fingerprint)
         _claim_output(output, settings, fingerprint, cfg.overwrite, keep=parts.PARTS_DIR)
