@@ -142,6 +142,22 @@ def test_auto_takes_int8_on_a_vnni_cpu_when_the_guard_holds(monkeypatch: pytest.
     assert any(isinstance(m, Int8Linear) for m in model.modules())
 
 
+def test_a_chosen_int8_is_quantized_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard's int8 trial leaves its layers in when int8 is kept: no second quantization."""
+    model, probe = _model_and_probe()
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    made = []
+    real = Int8Linear.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Int8Linear, "__init__", counted)
+    choice, _ = choose_precision(model, torch.device("cpu"), "int8", probe, units=VNNI_CPU)
+    assert choice.name == "int8" and 0 < len(made) <= linears
+
+
 def test_auto_keeps_fp32_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     model, probe = _model_and_probe()
     choice, precision = choose_precision(model, torch.device("cpu"), "auto", probe,

@@ -53,8 +53,6 @@ def beside(output: str | Path) -> Path:
     return output.with_name(output.name + ".config.yaml")
 
 
-
-
 def precision_option(scope: str = "", default: str = "auto", then: str = "") -> Any:
     """The ``--precision`` of the commands that run a model for inference
     (``bertforge.runtime.guard``); ``scope`` says where it applies (``"torch backend: "``),

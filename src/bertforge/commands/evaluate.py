@@ -257,8 +257,8 @@ def side_by_side(asked: str, fp32: Pass, other: Pass) -> tuple[dict[str, Any], l
         return f"{v:.4f}" if isinstance(v, float) else str(v)
 
     rows = [("metric", "fp32", asked, "difference")]
-    rows += [(k, shown(ref[k]), shown(v), f"{v - ref[k]:+.4f}") for k, v in at.items()
-             if _number(v) and _number(ref.get(k))]
+    rows += [(k, shown(ref[k]), shown(at[k]), f"{d:+.4f}")
+             for k, d in _flat(report["difference"]).items()]
     speed = fp32.seconds / other.seconds if other.seconds > 0 else float("inf")
     rows.append(("seconds", f"{fp32.seconds:.2f}", f"{other.seconds:.2f}",
                  f"{speed:.2f}x fp32's speed"))

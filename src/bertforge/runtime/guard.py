@@ -132,26 +132,35 @@ def _run(model: nn.Module, probe: Probe, precision: Precision) -> list[torch.Ten
 
 
 class _Trial:
-    """Measures candidates against fp32 on one model, leaving it as it found it."""
+    """Measures candidates against fp32 on one model. A measured int8 leaves its int8 layers in
+    place until :meth:`restore`: kept, it needs no second quantization (``apply_precision``
+    then finds no fp32 linear layer left to swap)."""
 
     def __init__(self, model: nn.Module, probe: Probe, device: torch.device,
                  units: CpuUnits) -> None:
         self.model, self.probe, self.device, self.units = model, probe, device, units
         self.reference = _run(model, probe, build_precision("fp32", device))
+        self._swaps: list[tuple[nn.Module, str, nn.Module]] = []  # of a measured int8
 
     def measure(self, name: str) -> float:
         """The probe agreement of ``name``; bf16 under autocast alone (its weights cast later
-        round to the same values), int8 with the layers swapped in and back."""
+        round to the same values), int8 with the layers swapped in (and back if it fails)."""
         if name != "int8":
             return agreement(self.reference,
                              _run(self.model, self.probe, build_precision(name, self.device)))
-        swaps = quantize_linears(self.model, reduce_range=self.units.int8 is None)
+        self._swaps = quantize_linears(self.model, reduce_range=self.units.int8 is None)
         try:
             return agreement(self.reference,
                              _run(self.model, self.probe, build_precision("fp32", self.device)))
-        finally:
-            for parent, attribute, original in swaps:
-                setattr(parent, attribute, original)
+        except BaseException:
+            self.restore()
+            raise
+
+    def restore(self) -> None:
+        """The fp32 layers back in place of a measured int8's (nothing when none is in)."""
+        for parent, attribute, original in self._swaps:
+            setattr(parent, attribute, original)
+        self._swaps = []
 
 
 def candidates(units: CpuUnits) -> tuple[list[str], str]:
@@ -198,6 +207,7 @@ def _choose_on_cpu(model: nn.Module, probe: Probe | None, asked: str, units: Cpu
             return PrecisionChoice(name, asked, f"{found}; probe cosine to fp32 {score:.5f} >= "
                                    f"{GUARD_COSINE}", score)
         missed.append(f"{name} reached {score:.5f}")
+        trial.restore()
     return PrecisionChoice("fp32", asked, f"{found}, but {' and '.join(missed)}, under the "
                            f"{GUARD_COSINE} probe cosine to fp32 the guard asks for")
 

@@ -175,6 +175,12 @@ class TextRequest:
     for a text that fits (or was cut), whose one window is ``window``."""
 
 
+def windows_of(request: Any) -> tuple[Window, ...]:
+    """The windows ``request`` runs: all of a chunked text's (``truncation="chunk"``), else its
+    one window."""
+    return getattr(request, "windows", ()) or (request.window,)
+
+
 def _shown(value: Any, limit: int = 40) -> str:
     """``repr(value)``, shortened for a one-line message."""
     text = repr(value)
@@ -252,8 +258,7 @@ class Pipeline(ABC):
 
     def cost(self, request: Any) -> int:
         """Tokens ``request`` occupies in a batch (all its windows when it was chunked)."""
-        windows = getattr(request, "windows", ())
-        return sum(len(w.ids) for w in windows) if windows else len(request.window.ids)
+        return sum(len(w.ids) for w in windows_of(request))
 
     @abstractmethod
     def run(self, requests: Sequence[Any]) -> list[dict]:
@@ -404,7 +409,7 @@ class Pipeline(ABC):
         ``"chunks": N`` when it was split into N > 1 windows."""
         if getattr(request, "truncated", False):
             result["truncated"] = True
-        if len(getattr(request, "windows", ())) > 1:
+        if len(getattr(request, "windows", ())) > 1:  # not every request has a window
             result["chunks"] = len(request.windows)
         return result
 

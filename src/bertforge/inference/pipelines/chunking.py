@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bertforge.errors import ConfigError
-from bertforge.inference.pipelines.base import InputError
+from bertforge.inference.pipelines.base import InputError, windows_of
 from bertforge.tokenization import EncoderTokenizer, Window
 
 CHUNK_POOLS = ("mean", "max")
@@ -114,11 +114,6 @@ def chunk_windows(pipeline: Any, text: str, pair: str | None,
     return tuple(windows)
 
 
-def windows_of(request: Any) -> tuple[Window, ...]:
-    """The windows ``request`` runs: all of a chunked text's, else its one window."""
-    return getattr(request, "windows", ()) or (request.window,)
-
-
 def run_windows(pipeline: Any, requests: Sequence[Any],
                 call: Callable[[list[Window]], Any]) -> tuple[list[Any], list[int]]:
     """``call`` (windows -> (n, ...) outputs of one forward pass) on every window of
@@ -155,4 +150,4 @@ def chunk_description(pipeline: Any) -> dict:
 
 __all__ = ["CHUNK_OPTIONS", "CHUNK_POOLS", "DEFAULT_MAX_WINDOWS", "check_chunking",
            "chunk_description", "chunk_windows", "per_input", "run_windows", "whole_window",
-           "window_starts", "windows_of"]
+           "window_starts"]

@@ -7,8 +7,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import torch
-
 from bertforge.models.registry import family_of_config
 from bertforge.runtime.cpu import CpuUnits
 from bertforge.runtime.guard import PrecisionChoice, Probe, choose_precision
@@ -33,16 +31,12 @@ PROBE: tuple[tuple[str, str | None], ...] = (
 question-paragraph pairs, sentence pairs), short so that the probe costs milliseconds."""
 
 
-
 def pipeline_probe(pipe: Any) -> Probe:
     """:data:`PROBE` as the pipeline's model inputs (cut to its length) with their mask."""
     cutting = copy.copy(pipe)  # the probe is cut to the pipeline's length, whatever it does
     cutting.truncation = "truncate"
     inputs = pipe.pad([cutting.encode_text(text, pair)[0] for text, pair in PROBE])
-    mask = inputs.get("attention_mask")
-    if mask is None:
-        mask = torch.ones(len(PROBE), next(iter(inputs.values())).shape[1], dtype=torch.long)
-    return Probe(inputs, mask)
+    return Probe(inputs, inputs["attention_mask"])  # every family's inputs have a mask
 
 
 def settle_precision(pipe: Any, asked: str, units: CpuUnits | None = None) -> PrecisionChoice:
